@@ -1,0 +1,164 @@
+"""The `nightshift` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+from .settings import SettingsError, load
+
+EPILOG = """Settings come from, lowest first: built-in defaults, the YAML file given with
+--config (top-level `data:` and a `collector:` section), NIGHTSHIFT_* environment
+variables (NIGHTSHIFT_DATA, NIGHTSHIFT_COLLECTOR_TOKEN, ...), then flags.
+Agents need only OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 (gRPC) or
+http://127.0.0.1:4318 with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf."""
+
+
+def _version() -> str:
+    try:
+        return version("nightshift")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _collector_config(args: argparse.Namespace):
+    from nightshift.collector.config import CollectorConfig
+
+    flags = {k: getattr(args, k, None) for k in ("data", "grpc", "http", "wal", "token", "tls_cert", "tls_key", "log_level")}
+    return load(CollectorConfig, "collector", args.config, flags)
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    cfg = _collector_config(args)
+    _setup_logging(cfg.log_level)
+    from nightshift.collector.server import run
+
+    return run(cfg)
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    cfg = _collector_config(args)
+    _setup_logging(cfg.log_level)
+    from nightshift.collector.datasets import DatasetStore
+    from nightshift.collector.fileingest import ingest
+    from nightshift.collector.redact import Redactor
+
+    store = DatasetStore(cfg.data, cfg.storage_options)
+    redactor = Redactor.from_config(cfg.redact.presets, cfg.redact.rules, cfg.redact.drop_keys)
+    try:
+        st = ingest(args.files, store, redactor, progress=not args.quiet)
+    except FileNotFoundError as e:
+        print(f"nightshift ingest: {e}", file=sys.stderr)
+        return 2
+    for note in st.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(
+        f"ingested {st.files} file(s) into {cfg.data}: {st.spans} spans, {st.logs} log records written; "
+        f"{st.duplicates} already stored; {st.rejected} invalid records rejected; {st.bad_records} unreadable; "
+        f"{st.skipped_metrics} metric batches skipped"
+    )
+    return 1 if st.bad_records and not (st.spans or st.logs) else 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    data = args.data or load(__import__("nightshift.collector.config", fromlist=["CollectorConfig"]).CollectorConfig,
+                             "collector", args.config, {}).data
+    pattern = f"{data.rstrip('/')}/spans/**/*.parquet"
+    try:
+        lf = pl.scan_parquet(pattern, hive_partitioning=True)
+        summary = (
+            lf.group_by("date", "service_name", "gen_ai_operation_name", "gen_ai_request_model")
+            .agg(pl.len().alias("spans"), pl.col("trace_id").n_unique().alias("traces"))
+            .sort("date", "spans", descending=[False, True])
+            .collect()
+        )
+    except (FileNotFoundError, pl.exceptions.ComputeError) as e:
+        print(f"no spans under {data} yet ({e.__class__.__name__})", file=sys.stderr)
+        return 1
+    with pl.Config(tbl_rows=args.rows, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=160):
+        print(f"spans under {data}: {summary['spans'].sum()} in {summary['traces'].sum()} trace(s)")
+        print(summary)
+        latest = (
+            lf.sort("start_time", descending=True).head(args.rows)
+            .select("start_time", "service_name", "name", "kind", "status_code", "trace_id", "span_id")
+            .collect()
+        )
+        print(latest)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nightshift",
+        description="Turn the OpenTelemetry traces your LLM agents already emit into better models.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"nightshift {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", metavar="FILE", help="YAML settings file")
+        sp.add_argument("--data", metavar="DIR|URL", help="dataset root: a folder or fsspec URL (default ./nightshift-data)")
+        sp.add_argument("--log-level", dest="log_level", metavar="LEVEL", help="debug, info, warning, error")
+
+    c = sub.add_parser(
+        "collect", help="run the OTLP receiver (gRPC :4317, HTTP :4318) that writes span datasets",
+        description="Receive OTLP traces, logs and metrics over gRPC and HTTP (protobuf or JSON, gzip/deflate/zstd), "
+        "acknowledge each request only once it is fsync'd to a write-ahead log, and write spans/ and logs/ Parquet "
+        "datasets under --data. GET /healthz and /metrics on the HTTP port. SIGTERM drains and exits 0.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(c)
+    c.add_argument("--grpc", metavar="HOST:PORT", help="gRPC listen address, or `off` (default 127.0.0.1:4317)")
+    c.add_argument("--http", metavar="HOST:PORT", help="HTTP listen address, or `off` (default 127.0.0.1:4318)")
+    c.add_argument("--wal", metavar="DIR", help="write-ahead log folder, always local (default <data>/wal)")
+    c.add_argument("--token", metavar="TOKEN", help="require `Authorization: Bearer TOKEN` on both transports")
+    c.add_argument("--tls-cert", dest="tls_cert", metavar="PEM", help="serve TLS with this certificate")
+    c.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="private key for --tls-cert")
+    c.set_defaults(func=cmd_collect)
+
+    i = sub.add_parser(
+        "ingest", help="load files written by an OpenTelemetry Collector's fileexporter",
+        description="Load OTLP/JSON lines or length-prefixed protobuf (optionally zstd) written by the "
+        "OpenTelemetry Collector's fileexporter, rotated backups included, into the same datasets, deduplicated.",
+    )
+    common(i)
+    i.add_argument("files", nargs="+", metavar="FILE", help="files, globs or folders")
+    i.add_argument("--quiet", action="store_true", help="no progress bar")
+    i.set_defaults(func=cmd_ingest)
+
+    s = sub.add_parser("show", help="summarize the spans dataset with Polars")
+    common(s)
+    s.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
+    s.set_defaults(func=cmd_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except SettingsError as e:
+        print(f"nightshift: configuration error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Settings from defaults < YAML file < `NIGHTSHIFT_*` environment < command-line
+flags, into a stage's config dataclass.
+
+YAML: top-level `data:` (shared by every stage) and one section per stage
+(`collector:`). Environment: `NIGHTSHIFT_DATA`, `NIGHTSHIFT_<SECTION>_<KEY>`, and
+for nested settings `NIGHTSHIFT_<SECTION>_<GROUP>_<KEY>` (lists comma-separated,
+mappings as JSON). Sizes accept `64MiB`, `2GB`, …; durations `10s`, `5m`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import typing
+from typing import Any
+
+import yaml
+
+SHARED = ("data",)
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3, "tib": 1024**4}
+_DUR = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {value!r}")
+        if tp is int:
+            if isinstance(value, int):
+                return value
+            m = re.fullmatch(r"\s*([0-9_.]+)\s*([A-Za-z]*)\s*", str(value))
+            if not m or m.group(2).lower() not in _UNITS:
+                raise ValueError(f"not a size or integer: {value!r}")
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        if tp is float:
+            if isinstance(value, (int, float)):
+                return float(value)
+            m = re.fullmatch(r"\s*([0-9_.]+)\s*([A-Za-z]*)\s*", str(value))
+            if not m or m.group(2).lower() not in _DUR:
+                raise ValueError(f"not a number or duration: {value!r}")
+            return float(m.group(1)) * _DUR[m.group(2).lower()]
+        if tp is str:
+            return "" if value is None else str(value)
+        if origin is list:
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list):
+                raise ValueError(f"expected a list, got {value!r}")
+            return value
+        if origin is dict or tp is dict:
+            if isinstance(value, str):
+                value = json.loads(value)
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a mapping, got {value!r}")
+            return value
+    except (ValueError, json.JSONDecodeError) as e:
+        raise SettingsError(f"{where}: {e}") from None
+    return value
+
+
+def _apply(obj: Any, values: dict, where: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in values.items():
+        if key not in names:
+            raise SettingsError(f"{where}: unknown setting {key!r} (known: {', '.join(sorted(names))})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise SettingsError(f"{where}.{key}: expected a mapping")
+            _apply(current, value, f"{where}.{key}")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], f"{where}.{key}"))
+
+
+def _env(obj: Any, prefix: str, env: dict, shared: bool) -> dict:
+    out: dict = {}
+    for f in dataclasses.fields(obj):
+        name = f"NIGHTSHIFT_{f.name.upper()}" if shared and f.name in SHARED else f"{prefix}_{f.name.upper()}"
+        current = getattr(obj, f.name)
+        if dataclasses.is_dataclass(current):
+            sub = _env(current, name, env, False)
+            if sub:
+                out[f.name] = sub
+        elif name in env:
+            out[f.name] = env[name]
+    return out
+
+
+def load(cls: type, section: str, config_file: str | None = None, flags: dict | None = None,
+         env: dict | None = None) -> Any:
+    obj = cls()
+    if config_file:
+        try:
+            with open(config_file) as fh:
+                doc = yaml.safe_load(fh) or {}
+        except OSError as e:
+            raise SettingsError(f"cannot read config file {config_file}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise SettingsError(f"{config_file} is not valid YAML: {e}") from None
+        if not isinstance(doc, dict):
+            raise SettingsError(f"{config_file}: expected a mapping at the top level")
+        top = {k: doc[k] for k in SHARED if k in doc}
+        sec = doc.get(section) or {}
+        if not isinstance(sec, dict):
+            raise SettingsError(f"{config_file}: `{section}:` must be a mapping")
+        _apply(obj, {**top, **sec}, f"{config_file}:{section}")
+    _apply(obj, _env(obj, f"NIGHTSHIFT_{section.upper()}", os.environ if env is None else env, True), "environment")
+    _apply(obj, {k: v for k, v in (flags or {}).items() if v is not None}, "flags")
+    return obj

@@ -1,0 +1,195 @@
+"""Writes Arrow tables into hive-partitioned Parquet datasets through fsspec, each
+key stored once.
+
+A batch (one WAL segment, or one ingested file) is written as one file per date
+partition, named after the batch, so that redoing a batch after a crash rewrites
+the same files instead of adding new ones. Local files appear atomically
+(temporary name, fsync, rename, fsync of the folder); object stores make a put
+visible only when complete.
+
+Deduplication keeps, per partition, 128 bits of hash of every stored key in
+memory (two 64-bit hashes with different seeds), rebuilt from the partition's
+files the first time it is touched. Files of batches still being written are left
+out of that rebuild, since they are about to be rewritten.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from nightshift.schemas import DATASETS
+
+log = logging.getLogger("nightshift.collector.datasets")
+
+EVICT_AFTER_S = 900.0
+
+
+def part_name(batch_id: str) -> str:
+    return f"part-{batch_id}.parquet"
+
+
+def _hashes(keys: pl.DataFrame) -> pl.DataFrame:
+    cols = keys.columns
+    return keys.select(
+        pl.struct(cols).hash(seed=0x5EED).alias("h1"),
+        pl.struct(cols).hash(seed=0xB0B).alias("h2"),
+    )
+
+
+@dataclass
+class _Index:
+    hashes: pl.DataFrame
+    used: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class WriteStats:
+    rows: int = 0
+    duplicates: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+class PartitionedWriter:
+    """One open batch: `add()` chunks, then `commit()`; `abort()` on failure."""
+
+    def __init__(self, store: "DatasetStore", dataset: str, batch_id: str):
+        self.store, self.dataset, self.batch_id = store, dataset, batch_id
+        self.schema = DATASETS[dataset].SCHEMA
+        self.key = list(DATASETS[dataset].KEY)
+        self._writers: dict[str, tuple[pq.ParquetWriter, object, str, str]] = {}
+        self._pending: dict[str, list[pl.DataFrame]] = {}
+        self.stats = WriteStats()
+
+    def add(self, table: pa.Table, times_ns: list[int]) -> None:
+        if table.num_rows == 0:
+            return
+        dates = pc.strftime(pa.array(times_ns, pa.timestamp("ns", tz="UTC")), format="%Y-%m-%d")
+        keys = pl.from_arrow(table.select(self.key))
+        assert isinstance(keys, pl.DataFrame)
+        hashes = _hashes(keys).with_columns(
+            pl.Series("date", dates.to_pylist()), pl.int_range(0, keys.height, eager=True).alias("row")
+        )
+        for (date,), group in hashes.group_by(["date"], maintain_order=True):
+            known = [self.store.index(self.dataset, date, self.batch_id).hashes, *self._pending.get(date, [])]
+            fresh = group.unique(subset=["h1", "h2"], keep="first", maintain_order=True).join(
+                pl.concat(known), on=["h1", "h2"], how="anti", maintain_order="left"
+            )
+            self.stats.duplicates += group.height - fresh.height
+            if fresh.height == 0:
+                continue
+            self._pending.setdefault(date, []).append(fresh.select("h1", "h2"))
+            rows = fresh["row"].to_list()
+            part = table.take(pa.array(rows, pa.int64()))
+            self._writer(date).write_table(part)
+            self.stats.rows += part.num_rows
+
+    def _writer(self, date: str) -> pq.ParquetWriter:
+        if date not in self._writers:
+            final = f"{self.store.root}/{self.dataset}/date={date}/{part_name(self.batch_id)}"
+            self.store.fs.makedirs(os.path.dirname(final), exist_ok=True)
+            tmp = final if not self.store.local else f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+            f = self.store.fs.open(tmp, "wb")
+            w = pq.ParquetWriter(f, self.schema, compression="zstd", write_statistics=True)
+            self._writers[date] = (w, f, tmp, final)
+        return self._writers[date][0]
+
+    def commit(self) -> WriteStats:
+        for date, (w, f, tmp, final) in sorted(self._writers.items()):
+            w.close()
+            if self.store.local:
+                f.flush()
+                os.fsync(f.f.fileno())  # LocalFileOpener wraps a real file
+                f.close()
+                os.replace(tmp, final)
+                _fsync_dir(os.path.dirname(final))
+            else:
+                f.close()
+            self.stats.files.append(final)
+        for date, frames in self._pending.items():
+            self.store.remember(self.dataset, date, frames)
+        self._writers.clear()
+        return self.stats
+
+    def abort(self) -> None:
+        for w, f, tmp, final in self._writers.values():
+            try:
+                w.close()
+                f.close()
+                if self.store.local and self.store.fs.exists(tmp):
+                    self.store.fs.rm(tmp)
+            except Exception:  # noqa: BLE001 - best effort; the batch is redone
+                pass
+        self._writers.clear()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DatasetStore:
+    """The `<data>` root: where datasets live, and which keys they hold."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, exclude_batches=lambda: set()):
+        self.url = url
+        self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.root = root.rstrip("/")
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        if self.local:
+            self.root = os.path.abspath(self.root)
+        self._exclude_batches = exclude_batches  # batch ids whose files are not final yet
+        self._index: dict[tuple[str, str], _Index] = {}
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    def writer(self, dataset: str, batch_id: str) -> PartitionedWriter:
+        self._evict()
+        return PartitionedWriter(self, dataset, batch_id)
+
+    def index(self, dataset: str, date: str, current_batch: str) -> _Index:
+        key = (dataset, date)
+        idx = self._index.get(key)
+        if idx is None:
+            idx = _Index(self._load(dataset, date, {current_batch} | set(self._exclude_batches())))
+            self._index[key] = idx
+        idx.used = time.monotonic()
+        return idx
+
+    def remember(self, dataset: str, date: str, frames: list[pl.DataFrame]) -> None:
+        idx = self._index[(dataset, date)]
+        idx.hashes = pl.concat([idx.hashes, *frames]).rechunk()
+
+    def _load(self, dataset: str, date: str, exclude: set[str]) -> pl.DataFrame:
+        folder = f"{self.root}/{dataset}/date={date}"
+        skip = {part_name(b) for b in exclude}
+        try:
+            files = [p for p in self.fs.ls(folder, detail=False) if p.endswith(".parquet")]
+        except FileNotFoundError:
+            files = []
+        files = [p for p in files if os.path.basename(p) not in skip]
+        key = list(DATASETS[dataset].KEY)
+        frames = []
+        for p in files:
+            with self.fs.open(p, "rb") as f:
+                t = pq.read_table(f, columns=key)
+            frames.append(_hashes(pl.from_arrow(t)))  # type: ignore[arg-type]
+        if not frames:
+            return pl.DataFrame(schema={"h1": pl.UInt64, "h2": pl.UInt64})
+        return pl.concat(frames).rechunk()
+
+    def _evict(self) -> None:
+        now = time.monotonic()
+        for k in [k for k, v in self._index.items() if now - v.used > EVICT_AFTER_S]:
+            del self._index[k]

@@ -1,0 +1,76 @@
+"""Why a request was refused, and what each transport answers: the one place where
+outcomes map to HTTP and gRPC codes (OTLP spec, "Failures").
+
+Only overload is retryable (HTTP 503 + Retry-After, gRPC UNAVAILABLE + RetryInfo);
+everything else tells the client not to resend the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+
+class Refused(Exception):
+    """Base: the request was not acknowledged. `reason` labels the metric."""
+
+    reason = "refused"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(Refused):
+    reason = "bad_request"
+
+
+class TooLarge(Refused):
+    reason = "too_large"
+
+
+class UnsupportedMediaType(Refused):
+    reason = "unsupported_media_type"
+
+
+class Unauthenticated(Refused):
+    reason = "unauthenticated"
+
+
+class NotFound(Refused):
+    reason = "not_found"
+
+
+class Overloaded(Refused):
+    """Retryable: the WAL is over its cap, the disk refused a write, or too many
+    requests are in flight. Clients back off `retry_after` seconds and resend."""
+
+    reason = "overloaded"
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class WireStatus:
+    http: int
+    grpc: grpc.StatusCode
+
+
+_STATUS = {
+    BadRequest: WireStatus(400, grpc.StatusCode.INVALID_ARGUMENT),
+    TooLarge: WireStatus(413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    UnsupportedMediaType: WireStatus(415, grpc.StatusCode.INVALID_ARGUMENT),
+    Unauthenticated: WireStatus(401, grpc.StatusCode.UNAUTHENTICATED),
+    NotFound: WireStatus(404, grpc.StatusCode.UNIMPLEMENTED),
+    Overloaded: WireStatus(503, grpc.StatusCode.UNAVAILABLE),
+}
+
+
+def wire_status(error: Refused) -> WireStatus:
+    for cls in type(error).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls]
+    return WireStatus(500, grpc.StatusCode.INTERNAL)

@@ -1,0 +1,131 @@
+"""The flusher: sealed WAL segments to Parquet datasets, then deletes them.
+
+It runs in its own process so that converting protobuf to Arrow never holds the
+receiver's GIL (acks stay fast). A segment is deleted only after every file made
+from it is durable; a flush that dies half-way is redone from the segment, and
+rewrites the same file names, so it adds no duplicate rows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from . import wal
+from .convert import LogBuilder, SpanBuilder
+from .datasets import DatasetStore
+
+log = logging.getLogger("nightshift.collector.flusher")
+
+#: Payload bytes converted at a time: bounds the flusher's memory whatever the
+#: segment size (each chunk becomes a row group of the segment's file).
+CHUNK_BYTES = 16 << 20
+
+# Indices into the shared stats array.
+SPANS, LOGS, DUPLICATES, SEGMENTS, ERRORS, LAST_FLUSH_S, OLDEST_PENDING_NS = range(7)
+NSTATS = 7
+
+
+@dataclass
+class SegmentResult:
+    spans: int = 0
+    logs: int = 0
+    duplicates: int = 0
+    files: int = 0
+
+
+def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTES) -> SegmentResult:
+    batch_id = path.name.split(".", 1)[0]
+    spans_w = store.writer("spans", batch_id)
+    logs_w = store.writer("logs", batch_id)
+    try:
+        sb, lb, size = SpanBuilder(), LogBuilder(), 0
+
+        def drain() -> None:
+            nonlocal sb, lb, size
+            if len(sb):
+                spans_w.add(sb.table(), sb.dates)
+            if len(lb):
+                logs_w.add(lb.table(), lb.dates)
+            sb, lb, size = SpanBuilder(), LogBuilder(), 0
+
+        for kind, received, payload in wal.read_segment(path):
+            if kind == wal.KIND_TRACES:
+                sb.add_request(ExportTraceServiceRequest.FromString(payload), received)
+            elif kind == wal.KIND_LOGS:
+                lb.add_request(ExportLogsServiceRequest.FromString(payload), received)
+            size += len(payload)
+            if size >= chunk_bytes:
+                drain()
+        drain()
+        s = spans_w.commit()
+        lg = logs_w.commit()
+    except BaseException:
+        spans_w.abort()
+        logs_w.abort()
+        raise
+    return SegmentResult(s.rows, lg.rows, s.duplicates + lg.duplicates, len(s.files) + len(lg.files))
+
+
+def _lock(path: Path):
+    f = open(path, "a+")
+    fcntl.flock(f, fcntl.LOCK_EX)  # waits for an orphaned flusher to finish
+    return f
+
+
+def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, parent_pid: int,
+        poll_s: float = 0.2, log_level: int = logging.INFO) -> None:
+    """Process entry point. Exits when `stop` is set and no sealed segment is left,
+    or when the collector that started it is gone (a restart takes over)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the receiver orchestrates shutdown
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    directory = Path(wal_dir)
+    lock = _lock(directory / "flusher.lock")
+    try:
+        store = DatasetStore(
+            data_url, storage_options, exclude_batches=lambda: {p.name.split(".", 1)[0] for p in wal.sealed_segments(directory)}
+        )
+        backoff = 0.0
+        while True:
+            if os.getppid() != parent_pid:
+                log.warning("flusher: collector is gone; exiting so a restart can take over")
+                return
+            segments = wal.sealed_segments(directory)
+            stats[OLDEST_PENDING_NS] = float(segments[0].stat().st_mtime_ns) if segments else 0.0
+            if not segments:
+                if stop.is_set():
+                    return
+                stop.wait(poll_s)
+                continue
+            seg = segments[0]
+            t0 = time.perf_counter()
+            try:
+                res = flush_segment(seg, store)
+                seg.unlink()
+                wal._fsync_dir(directory)
+            except Exception as e:  # noqa: BLE001 - the segment stays; retried with backoff
+                backoff = min(30.0, max(0.5, backoff * 2))
+                stats[ERRORS] += 1
+                log.error("flusher: %s failed (%s: %s); kept in the WAL, retrying in %.1fs", seg.name, type(e).__name__, e, backoff)
+                stop.wait(backoff) if not stop.is_set() else time.sleep(min(backoff, 1.0))
+                continue
+            backoff = 0.0
+            dt = time.perf_counter() - t0
+            stats[SPANS] += res.spans
+            stats[LOGS] += res.logs
+            stats[DUPLICATES] += res.duplicates
+            stats[SEGMENTS] += 1
+            stats[LAST_FLUSH_S] = dt
+            log.info("flushed %s: %d spans, %d log records, %d duplicates dropped, %d files in %.2fs",
+                     seg.name, res.spans, res.logs, res.duplicates, res.files, dt)
+    finally:
+        lock.close()

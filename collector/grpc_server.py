@@ -1,0 +1,81 @@
+"""OTLP/gRPC: the Trace, Logs and Metrics `Export` services.
+
+Handlers take the raw request bytes (no deserializer) so an unchanged protobuf
+request is written to the WAL as received, without re-serializing it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from concurrent import futures
+
+import grpc
+
+from . import decode
+from .errors import Overloaded, Refused, TooLarge, Unauthenticated, wire_status
+from .pipeline import Pipeline
+from .responses import export_response, retry_info, status
+
+log = logging.getLogger("nightshift.collector.grpc")
+
+SERVICES = {
+    "traces": "opentelemetry.proto.collector.trace.v1.TraceService",
+    "logs": "opentelemetry.proto.collector.logs.v1.LogsService",
+    "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
+}
+
+
+def _handler(signal: str, pipeline: Pipeline, token: str, limit: int):
+    expected = f"Bearer {token}".encode() if token else b""
+    metrics = pipeline.metrics
+
+    def export(request: bytes, context: grpc.ServicerContext) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            if expected:
+                got = dict(context.invocation_metadata()).get("authorization", "")
+                if not hmac.compare_digest(got.encode() if isinstance(got, str) else got, expected):
+                    raise Unauthenticated("missing or wrong bearer token (metadata `authorization: Bearer <token>`)")
+            if len(request) > limit:
+                raise TooLarge(f"request is {len(request)} bytes, over the {limit}-byte limit")
+            with pipeline.admit():
+                result = pipeline.export(signal, decode.parse(signal, request, decode.PROTOBUF))
+            return export_response(signal, result).SerializeToString()
+        except Refused as e:
+            metrics.refused.labels(signal, e.reason).inc()
+            st = status(e)
+            trailers = [("grpc-status-details-bin", st.SerializeToString())]
+            if isinstance(e, Overloaded):
+                trailers.append(("google.rpc.retryinfo-bin", retry_info(e).SerializeToString()))
+            context.set_trailing_metadata(tuple(trailers))
+            context.abort(wire_status(e).grpc, e.message)
+        finally:
+            metrics.request_seconds.labels("grpc", signal).observe(time.perf_counter() - t0)
+
+    return grpc.unary_unary_rpc_method_handler(export)
+
+
+def start(address: str, pipeline: Pipeline, *, token: str, limit: int, workers: int,
+          tls: tuple[bytes, bytes] | None) -> tuple[grpc.Server, int]:
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", 4 << 20),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler(svc, {"Export": _handler(sig, pipeline, token, limit)}) for sig, svc in SERVICES.items()]
+    )
+    if tls:
+        cert, key = tls
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen for gRPC on {address}")
+    server.start()
+    return server, port

@@ -1,0 +1,84 @@
+"""The consumer behind both transports: validate, redact, make durable, answer.
+
+Transport code hands it a parsed request and gets back how many records were
+rejected (partial success), or an exception from `errors` to map to the wire.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from . import validate, wal
+from .decode import Parsed
+from .errors import Overloaded
+from .metrics import Metrics
+from .redact import Redactor
+
+
+@dataclass
+class Result:
+    accepted: int
+    rejected: int = 0
+    message: str = ""
+
+
+class Pipeline:
+    def __init__(self, log: wal.WriteAheadLog, redactor: Redactor, metrics: Metrics, max_inflight: int):
+        self.log = log
+        self.redactor = redactor
+        self.metrics = metrics
+        self._slots = threading.BoundedSemaphore(max_inflight)
+
+    def admit(self):
+        """A context manager holding one in-flight slot, or Overloaded at once."""
+        if not self._slots.acquire(blocking=False):
+            raise Overloaded("too many requests in flight", retry_after=1.0)
+        return _Slot(self)
+
+    def export(self, signal: str, parsed: Parsed) -> Result:
+        msg = parsed.message
+        if signal == "metrics":
+            n = validate.count_metric_points(msg)
+            self.metrics.accepted.labels("metrics").inc(n)
+            return Result(n)
+        if signal == "traces":
+            kept, rejected, error = validate.filter_traces(msg)
+        else:
+            kept, rejected, error = validate.filter_logs(msg)
+        rejected += parsed.rejected
+        error = error or parsed.error
+        if rejected:
+            self.metrics.rejected.labels(signal).inc(rejected)
+        if kept == 0:  # empty request, or nothing valid in it
+            return Result(0, rejected, error)
+        payload = parsed.raw if parsed.raw is not None and rejected == 0 else msg.SerializeToString()
+        if self.redactor.enabled:
+            n = self.redactor.redact(signal, msg, payload)
+            if n:
+                self.metrics.redacted.inc(n)
+                payload = msg.SerializeToString()
+        t0 = time.perf_counter()
+        try:
+            self.log.append(wal.KINDS[signal], payload)
+        except Overloaded as e:
+            self.metrics.refused_records.labels(signal, e.reason).inc(kept)
+            raise
+        self.metrics.ack_seconds.observe(time.perf_counter() - t0)
+        self.metrics.accepted.labels(signal).inc(kept)
+        return Result(kept, rejected, error)
+
+
+class _Slot:
+    def __init__(self, p: Pipeline):
+        self.p = p
+
+    def __enter__(self):
+        self.p.metrics.inflight.inc()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.metrics.inflight.dec()
+        self.p._slots.release()
+        return False

@@ -1,0 +1,54 @@
+"""OTLP response messages: export responses with partial success, and the
+`google.rpc.Status` bodies that carry refusals."""
+
+from __future__ import annotations
+
+import math
+
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from .errors import Overloaded, Refused, wire_status
+from .pipeline import Result
+
+_MAX_ERROR_CHARS = 4096
+
+
+def export_response(signal: str, result: Result):
+    msg = result.message[:_MAX_ERROR_CHARS]
+    if signal == "traces":
+        resp = ExportTraceServiceResponse()
+        if result.rejected or msg:
+            resp.partial_success.rejected_spans = result.rejected
+            resp.partial_success.error_message = msg
+    elif signal == "logs":
+        resp = ExportLogsServiceResponse()
+        if result.rejected or msg:
+            resp.partial_success.rejected_log_records = result.rejected
+            resp.partial_success.error_message = msg
+    else:
+        resp = ExportMetricsServiceResponse()
+    return resp
+
+
+def retry_info(error: Overloaded) -> error_details_pb2.RetryInfo:
+    secs = max(0.0, error.retry_after)
+    return error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=int(secs), nanos=int((secs - int(secs)) * 1e9))
+    )
+
+
+def status(error: Refused) -> status_pb2.Status:
+    st = status_pb2.Status(code=wire_status(error).grpc.value[0], message=error.message[:_MAX_ERROR_CHARS])
+    if isinstance(error, Overloaded):
+        d = any_pb2.Any()
+        d.Pack(retry_info(error))
+        st.details.append(d)
+    return st
+
+
+def retry_after_header(error: Overloaded) -> str:
+    return str(max(1, math.ceil(error.retry_after)))

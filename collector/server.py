@@ -1,0 +1,177 @@
+"""`nightshift collect`: wires WAL, flusher process, gRPC and HTTP receivers, and
+runs until SIGTERM or SIGINT, then drains: stop accepting, seal the log, let the
+flusher write everything to Parquet, exit 0."""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import logging
+import multiprocessing as mp
+import os
+import signal
+import ssl
+import threading
+import time
+from pathlib import Path
+
+from . import flusher, grpc_server, http_server, wal
+from .config import CollectorConfig
+from .metrics import Metrics
+from .pipeline import Pipeline
+from .redact import Redactor
+
+log = logging.getLogger("nightshift.collector")
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Collector:
+    def __init__(self, cfg: CollectorConfig):
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.wal_dir = Path(cfg.wal_dir())
+        self.ready = False
+        self.grpc_port = self.http_port = 0
+        self._stop = threading.Event()
+        self._ctx = mp.get_context("spawn")
+        self._flusher_stop = self._ctx.Event()
+        self._stats = self._ctx.Array("d", flusher.NSTATS, lock=False)
+        self._flusher: mp.process.BaseProcess | None = None
+        self._lockfile = None
+
+    # --- flusher process ----------------------------------------------------------------
+
+    def _start_flusher(self) -> None:
+        self._flusher = self._ctx.Process(
+            target=flusher.run,
+            args=(str(self.wal_dir), self.cfg.data, self.cfg.storage_options, self._flusher_stop, self._stats, os.getpid()),
+            kwargs={"log_level": logging.getLogger().level},
+            name="nightshift-flusher",
+            daemon=False,
+        )
+        self._flusher.start()
+        log.info("flusher started (pid %d)", self._flusher.pid)
+
+    def _health(self) -> tuple[bool, dict]:
+        self._refresh_gauges()
+        info = {
+            "status": "ok" if self.ready else "unavailable",
+            "wal_bytes": self.log.bytes_on_disk,
+            "flusher_pid": self._flusher.pid if self._flusher else None,
+            "flusher_alive": bool(self._flusher and self._flusher.is_alive()),
+        }
+        return self.ready, info
+
+    def _refresh_gauges(self) -> None:
+        m, s = self.metrics, self._stats
+        m.wal_bytes.set(self.log.bytes_on_disk)
+        oldest = s[flusher.OLDEST_PENDING_NS]
+        m.flush_lag.set(max(0.0, time.time() - oldest / 1e9) if oldest else 0.0)
+        m.flushed.labels("traces").set(s[flusher.SPANS])
+        m.flushed.labels("logs").set(s[flusher.LOGS])
+        m.duplicates.set(s[flusher.DUPLICATES])
+        m.flush_errors.set(s[flusher.ERRORS])
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.cfg
+        self.wal_dir.mkdir(parents=True, exist_ok=True)
+        self._lockfile = open(self.wal_dir / "collector.lock", "a+")
+        try:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"another collector is using the write-ahead log at {self.wal_dir}") from None
+        for addr in (cfg.grpc, cfg.http):
+            if addr and addr != "off" and not _is_loopback(addr) and not cfg.token:
+                log.warning("listening on non-loopback %s WITHOUT a bearer token: anyone who can reach it can write "
+                            "spans. Set NIGHTSHIFT_COLLECTOR_TOKEN or collector.token.", addr)
+        redactor = Redactor.from_config(cfg.redact.presets, cfg.redact.rules, cfg.redact.drop_keys)
+        self.log = wal.WriteAheadLog(
+            self.wal_dir, segment_bytes=cfg.segment_bytes, roll_interval=cfg.flush_interval,
+            cap_bytes=cfg.wal_cap_bytes, sync=cfg.fsync,
+        )
+
+        def on_sync(seconds: float, n: int) -> None:
+            self.metrics.fsync_seconds.observe(seconds)
+            self.metrics.fsync_batch.observe(n)
+
+        self.log.on_sync = on_sync
+        self.log.open()
+        self._start_flusher()
+        self.pipeline = Pipeline(self.log, redactor, self.metrics, cfg.max_inflight)
+        tls_pair = None
+        http_tls = None
+        if cfg.tls_cert or cfg.tls_key:
+            tls_pair = (Path(cfg.tls_cert).read_bytes(), Path(cfg.tls_key).read_bytes())
+            http_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            http_tls.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        self._grpc = self._http = None
+        if cfg.grpc and cfg.grpc != "off":
+            self._grpc, self.grpc_port = grpc_server.start(
+                cfg.grpc, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, workers=cfg.grpc_workers, tls=tls_pair
+            )
+        if cfg.http and cfg.http != "off":
+            self._http, self.http_port = http_server.start(
+                cfg.http, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, tls=http_tls, health=self._health
+            )
+        self.ready = True
+        log.info(
+            "collector ready: grpc=%s http=%s%s data=%s wal=%s redaction=%s",
+            f"{cfg.grpc.rpartition(':')[0]}:{self.grpc_port}" if self._grpc else "off",
+            f"{cfg.http.rpartition(':')[0]}:{self.http_port}" if self._http else "off",
+            " (tls)" if tls_pair else "", cfg.data, self.wal_dir,
+            ",".join(cfg.redact.presets + [r["name"] for r in cfg.redact.rules]) or "off",
+        )
+
+    def serve_forever(self) -> int:
+        while not self._stop.wait(1.0):
+            if self._flusher and not self._flusher.is_alive():
+                log.error("flusher exited with code %s; restarting it (nothing is lost: the WAL keeps the data)",
+                          self._flusher.exitcode)
+                self._start_flusher()
+        return self.shutdown()
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def shutdown(self) -> int:
+        log.info("shutting down: refusing new requests, draining")
+        self.ready = False
+        if self._http:
+            self._http.shutdown()
+            self._http.server_close()
+        if self._grpc:
+            self._grpc.stop(grace=5.0).wait()
+        self.log.close()
+        self._flusher_stop.set()
+        if self._flusher:
+            self._flusher.join(self.cfg.shutdown_timeout)
+            if self._flusher.is_alive():
+                log.warning("flusher did not finish within %.0fs; stopping it. Unflushed data stays in %s and is "
+                            "flushed on the next start.", self.cfg.shutdown_timeout, self.wal_dir)
+                self._flusher.terminate()
+                self._flusher.join(5)
+        left = sum(p.stat().st_size for p in wal.sealed_segments(self.wal_dir))
+        s = self._stats
+        log.info("stopped: %d spans and %d log records written to Parquet this run, %d duplicates dropped%s",
+                 s[flusher.SPANS], s[flusher.LOGS], s[flusher.DUPLICATES],
+                 f"; {left} bytes left in the WAL for next start" if left else "")
+        return 0
+
+
+def run(cfg: CollectorConfig) -> int:
+    c = Collector(cfg)
+    c.start()
+    signal.signal(signal.SIGTERM, c.request_stop)
+    signal.signal(signal.SIGINT, c.request_stop)
+    return c.serve_forever()

@@ -1,0 +1,306 @@
+"""The write-ahead log: the collector's acknowledgement point.
+
+A request is acknowledged only once its record is written and fdatasync'd here.
+Requests arriving together share one write and one fsync (group commit): callers
+append to the open batch and wait; a single writer thread writes and syncs the
+whole batch, then wakes them all. Segments roll by size or age; a sealed segment
+(`<id>.sealed`) belongs to the flusher, which deletes it once its Parquet files
+are durable. The active segment is `<id>.active`; after a crash it is scanned,
+cut at the first torn or corrupt record, and sealed.
+
+Record: little-endian u32 payload length, u32 CRC-32 of everything after it,
+u8 kind, u64 receive time (ns), payload.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .errors import Overloaded
+
+log = logging.getLogger("nightshift.collector.wal")
+
+MAGIC = b"NSWAL001"
+HEADER = struct.Struct("<IIBQ")
+KIND_TRACES = 1
+KIND_LOGS = 2
+KIND_FEEDBACK = 3
+KINDS = {"traces": KIND_TRACES, "logs": KIND_LOGS, "feedback": KIND_FEEDBACK}
+
+ACTIVE = ".active"
+SEALED = ".sealed"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode_record(kind: int, received_ns: int, payload: bytes) -> bytes:
+    body = struct.pack("<BQ", kind, received_ns) + payload
+    return struct.pack("<II", len(payload), zlib.crc32(body)) + body
+
+
+def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
+    """Records in a segment's bytes and the offset just past the last good one."""
+    out = []
+    if not data.startswith(MAGIC):
+        return out, 0
+    pos = len(MAGIC)
+    while pos + HEADER.size <= len(data):
+        length, crc, kind, received = HEADER.unpack_from(data, pos)
+        end = pos + HEADER.size + length
+        if end > len(data) or zlib.crc32(memoryview(data)[pos + 8 : end]) != crc:
+            break
+        out.append((kind, received, data[pos + HEADER.size : end]))
+        pos = end
+    return out, pos
+
+
+def read_segment(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(kind, received_ns, payload) for every intact record of a segment."""
+    records, _ = _scan(path.read_bytes())
+    yield from records
+
+
+def segment_id(path: Path) -> int:
+    return int(path.name.split(".", 1)[0])
+
+
+def sealed_segments(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*" + SEALED), key=segment_id)
+
+
+def recover(directory: Path) -> int:
+    """Seals active segments left by a crash, cutting torn tails. Returns the
+    highest segment id present (0 if none)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    highest = 0
+    for p in sorted(directory.glob("*" + ACTIVE), key=segment_id):
+        data = p.read_bytes()
+        records, good = _scan(data)
+        if good < len(data):
+            log.warning("wal: %s had %d torn or corrupt trailing bytes (never acknowledged); cut", p.name, len(data) - good)
+        if not records:
+            p.unlink()
+            continue
+        with open(p, "r+b") as f:
+            f.truncate(good)
+            os.fsync(f.fileno())
+        p.rename(p.with_suffix(SEALED))
+        log.info("wal: recovered %s with %d acknowledged records", p.name, len(records))
+    _fsync_dir(directory)
+    for p in directory.iterdir():
+        try:
+            highest = max(highest, segment_id(p))
+        except ValueError:
+            pass
+    return highest
+
+
+@dataclass
+class _Batch:
+    records: list[bytes] = field(default_factory=list)
+    size: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class WriteAheadLog:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        segment_bytes: int = 64 << 20,
+        roll_interval: float = 5.0,
+        cap_bytes: int = 2 << 30,
+        max_pending_bytes: int = 256 << 20,
+        sync: bool = True,
+        ack_timeout: float = 8.0,
+    ):
+        self.dir = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.roll_interval = roll_interval
+        self.cap_bytes = cap_bytes
+        self.max_pending_bytes = max_pending_bytes
+        self.sync = sync
+        self.ack_timeout = ack_timeout
+        self._cond = threading.Condition()
+        self._batch = _Batch()
+        self._closing = False
+        self._fd = -1
+        self._path: Path | None = None
+        self._active_size = 0
+        self._active_records = 0
+        self._opened_at = 0.0
+        self._roll_requested = False
+        self._sealed_bytes = 0
+        self._sealed_checked = 0.0
+        self._last_id = 0
+        self._thread: threading.Thread | None = None
+        self.on_sync = None  # callback(seconds, records) for metrics
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def open(self) -> None:
+        self._last_id = recover(self.dir)
+        self._refresh_sealed(force=True)
+        self._new_segment()
+        self._thread = threading.Thread(target=self._run, name="wal-writer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Writes what is pending, seals the active segment."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread:
+            self._thread.join()
+        self._seal()
+
+    # --- appending ----------------------------------------------------------------------
+
+    @property
+    def bytes_on_disk(self) -> int:
+        return self._sealed_bytes + self._active_size
+
+    def _refresh_sealed(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._sealed_checked < 0.1:
+            return
+        total = 0
+        for p in self.dir.glob("*" + SEALED):
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:  # the flusher just deleted it
+                pass
+        self._sealed_bytes = total
+        self._sealed_checked = now
+
+    def append(self, kind: int, payload: bytes, received_ns: int | None = None) -> None:
+        """Returns once the record is durable; raises Overloaded if it cannot be."""
+        rec = encode_record(kind, received_ns or time.time_ns(), payload)
+        with self._cond:
+            if self._closing:
+                raise Overloaded("collector is shutting down", retry_after=1.0)
+            if self.bytes_on_disk + self._batch.size + len(rec) > self.cap_bytes:
+                self._refresh_sealed(force=True)
+                if self.bytes_on_disk + self._batch.size + len(rec) > self.cap_bytes:
+                    self._roll_requested = True  # let the flusher take the active segment
+                    self._cond.notify_all()
+                    raise Overloaded(
+                        f"write-ahead log is over its {self.cap_bytes}-byte cap; the flusher is catching up",
+                        retry_after=1.0,
+                    )
+            if self._batch.size + len(rec) > self.max_pending_bytes:
+                raise Overloaded("too many bytes waiting for the disk", retry_after=0.5)
+            batch = self._batch
+            batch.records.append(rec)
+            batch.size += len(rec)
+            self._cond.notify_all()
+        if not batch.done.wait(self.ack_timeout):
+            raise Overloaded("the disk did not confirm the write in time", retry_after=1.0)
+        if batch.error is not None:
+            raise Overloaded(f"write-ahead log write failed: {batch.error}", retry_after=2.0)
+
+    # --- the writer thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._batch.records and not self._closing and not self._roll_due():
+                    self._cond.wait(0.05)
+                batch, self._batch = self._batch, _Batch()
+                closing = self._closing
+            if batch.records:
+                self._write(batch)
+            if self._roll_due():
+                self._roll()
+            if not batch.records:
+                self._refresh_sealed()
+            if closing and not self._batch.records:
+                return
+
+    def _roll_due(self) -> bool:
+        if self._active_records == 0:
+            self._roll_requested = False
+            return False
+        return (
+            self._roll_requested
+            or self._active_size >= self.segment_bytes
+            or time.monotonic() - self._opened_at >= self.roll_interval
+        )
+
+    def _write(self, batch: _Batch) -> None:
+        buf = b"".join(batch.records)
+        start_size = self._active_size
+        t0 = time.perf_counter()
+        try:
+            view = memoryview(buf)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            if self.sync:
+                os.fdatasync(self._fd)
+        except OSError as e:
+            # Undo the partial write so the segment stays a clean sequence of records.
+            if e.errno == errno.ENOSPC:
+                log.error("wal: disk full while writing %d bytes; answering 503 until space returns", len(buf))
+            else:
+                log.error("wal: write failed: %s", e)
+            try:
+                os.ftruncate(self._fd, start_size)
+                os.lseek(self._fd, start_size, os.SEEK_SET)
+            except OSError:
+                log.exception("wal: could not cut the failed write; starting a new segment")
+                self._roll()
+            batch.error = e
+            batch.done.set()
+            return
+        self._active_size += len(buf)
+        self._active_records += len(batch.records)
+        if self.on_sync:
+            self.on_sync(time.perf_counter() - t0, len(batch.records))
+        batch.done.set()
+
+    def _new_segment(self) -> None:
+        self._last_id = max(self._last_id + 1, time.time_ns())
+        self._path = self.dir / f"{self._last_id:020d}{ACTIVE}"
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(self._fd, MAGIC)
+        os.fsync(self._fd)
+        _fsync_dir(self.dir)
+        self._active_size = len(MAGIC)
+        self._active_records = 0
+        self._opened_at = time.monotonic()
+
+    def _seal(self) -> None:
+        if self._fd < 0 or self._path is None:
+            return
+        os.close(self._fd)
+        self._fd = -1
+        if self._active_records:
+            self._path.rename(self._path.with_suffix(SEALED))
+            self._sealed_bytes += self._active_size
+        else:
+            self._path.unlink()
+        _fsync_dir(self.dir)
+        self._active_size = 0
+
+    def _roll(self) -> None:
+        with self._cond:
+            self._roll_requested = False
+        self._seal()
+        self._new_segment()

@@ -1,0 +1,12 @@
+"""Versioned Arrow schemas of every Nightshift dataset: the contract between stages.
+
+Each dataset module exposes `NAME`, `SCHEMA` (with the version in its metadata)
+and `KEY` (the columns that identify a row; the collector stores each key once).
+"""
+
+from . import logs, spans
+from .common import ANY_VALUE, ATTRIBUTE, ATTRIBUTES, SCHEMA_VERSION, attr
+
+DATASETS = {spans.NAME: spans, logs.NAME: logs}
+
+__all__ = ["ANY_VALUE", "ATTRIBUTE", "ATTRIBUTES", "DATASETS", "SCHEMA_VERSION", "attr", "logs", "spans"]

@@ -1,0 +1,147 @@
+"""Fixtures that start a real `nightshift collect` process on free loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class CollectorProcess:
+    data: Path
+    wal: Path
+    log_path: Path
+    grpc_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    scheme: str = "http"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.grpc_port}"
+
+    def start(self, wait: bool = True) -> "CollectorProcess":
+        cmd = [
+            sys.executable, "-m", "nightshift.cli", "collect",
+            "--data", str(self.data), "--wal", str(self.wal),
+            "--grpc", f"127.0.0.1:{self.grpc_port}", "--http", f"127.0.0.1:{self.http_port}",
+            *self.extra_args,
+        ]
+        env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "0.5", **self.env}
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def health(self) -> dict | None:
+        import ssl
+
+        ctx = ssl._create_unverified_context() if self.scheme == "https" else None
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/healthz", timeout=1, context=ctx) as r:
+                return json.loads(r.read())
+        except Exception:  # noqa: BLE001
+            return None
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc and self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited with {self.proc.returncode}; log:\n{self.log_text()}")
+            if self.health():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"collector not healthy after {timeout}s; log:\n{self.log_text()}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM: drain and flush. Returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout)
+        self._log.close()
+        return rc
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        self._log.close()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-8000:]
+        except OSError:
+            return ""
+
+
+@pytest.fixture
+def collector_factory(tmp_path, request):
+    started: list[CollectorProcess] = []
+
+    def make(**kw) -> CollectorProcess:
+        c = CollectorProcess(data=tmp_path / "data", wal=tmp_path / "wal", log_path=tmp_path / f"collector-{len(started)}.log", **kw)
+        started.append(c)
+        return c
+
+    yield make
+    for c in started:
+        if c.proc and c.proc.poll() is None:
+            c.proc.kill()
+            c.proc.wait(10)
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        for c in started:
+            print(f"--- collector log {c.log_path} ---\n{c.log_text()}")
+
+
+@pytest.fixture
+def collector(collector_factory):
+    """A running collector with default settings (fast flush)."""
+    return collector_factory().start()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+def read_spans(data: Path):
+    import polars as pl
+
+    files = list((data / "spans").glob("**/*.parquet"))
+    if not files:
+        return pl.DataFrame()
+    return pl.read_parquet(str(data / "spans" / "**" / "*.parquet"), hive_partitioning=True)
+
+
+def read_logs(data: Path):
+    import polars as pl
+
+    files = list((data / "logs").glob("**/*.parquet"))
+    if not files:
+        return pl.DataFrame()
+    return pl.read_parquet(str(data / "logs" / "**" / "*.parquet"), hive_partitioning=True)

@@ -1,0 +1,1 @@
+"""Nightshift trainer stage (not built yet: see the issue tracker)."""

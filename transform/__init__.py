@@ -1,0 +1,1 @@
+"""Nightshift transform stage (not built yet: see the issue tracker)."""
