@@ -1,0 +1,24 @@
+# Each target builds its own virtual environment from nothing on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed  ## the collector end to end: receive, make durable, Parquet, Polars
+	$(PY) examples/collector_demo.py
+
+test: $(VENV)/.installed  ## the whole test suite
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed  ## ingest benchmark (prints spans/s, latency, RSS)
+	$(PY) benchmarks/ingest.py
+
+clean:
+	rm -rf $(VENV) nightshift-data
