@@ -38,6 +38,7 @@ class CollectorConfig:
     wal_cap_bytes: int = 2 << 30
     segment_bytes: int = 256 << 20
     flush_interval: float = 10.0  # seconds before an idle segment is handed to the flusher
+    dedup_window: float = 600.0  # how long resent spans are recognised (clients resend within ~10 s)
     max_inflight: int = 256  # concurrent requests before answering 503
     grpc_workers: int = 32
     fsync: bool = True

@@ -7,10 +7,14 @@ the same files instead of adding new ones. Local files appear atomically
 (temporary name, fsync, rename, fsync of the folder); object stores make a put
 visible only when complete.
 
-Deduplication keeps, per partition, 128 bits of hash of every stored key in
-memory (two 64-bit hashes with different seeds), rebuilt from the partition's
-files the first time it is touched. Files of batches still being written are left
-out of that rebuild, since they are about to be rewritten.
+Deduplication keeps, per partition, 128 bits of hash of each stored key in memory
+(two 64-bit hashes with different seeds) as sorted numpy arrays, one per batch,
+searched with `searchsorted`: 16 bytes a key and lookups that cost the batch, not
+the partition. The partition's existing files are read once, the first time it is
+touched (files of batches about to be rewritten left out). A long-running
+collector can bound memory with `window_s`: keys it wrote itself are forgotten
+after that long, which still covers every OTLP client's resend (their retry
+window is about 10 s); `nightshift ingest` keeps whole partitions.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import fsspec
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,9 +52,51 @@ def _hashes(keys: pl.DataFrame) -> pl.DataFrame:
 
 
 @dataclass
+class _Frame:
+    h1: np.ndarray  # sorted
+    h2: np.ndarray  # in h1's order
+    added: float
+
+    @classmethod
+    def of(cls, hashes: pl.DataFrame, added: float) -> "_Frame":
+        h1 = hashes["h1"].to_numpy()
+        h2 = hashes["h2"].to_numpy()
+        order = np.argsort(h1, kind="stable")
+        return cls(h1[order], h2[order], added)
+
+    def contains(self, q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
+        if len(self.h1) == 0:
+            return np.zeros(len(q1), dtype=bool)
+        found = np.zeros(len(q1), dtype=bool)
+        pos = np.searchsorted(self.h1, q1, side="left")
+        # Equal h1 values sit side by side; walk them (almost always one step).
+        active = np.ones(len(q1), dtype=bool)
+        while active.any():
+            p = np.minimum(pos, len(self.h1) - 1)
+            same1 = active & (pos < len(self.h1)) & (self.h1[p] == q1)
+            found |= same1 & (self.h2[p] == q2)
+            active = same1 & ~found
+            pos = pos + 1
+        return found
+
+
+@dataclass
 class _Index:
-    hashes: pl.DataFrame
+    frames: list[_Frame] = field(default_factory=list)
     used: float = field(default_factory=time.monotonic)
+
+    def contains(self, hashes: pl.DataFrame) -> np.ndarray:
+        q1, q2 = hashes["h1"].to_numpy(), hashes["h2"].to_numpy()
+        out = np.zeros(len(q1), dtype=bool)
+        for f in self.frames:
+            out |= f.contains(q1, q2)
+        return out
+
+    def trim(self, window_s: float | None) -> None:
+        if window_s is None:
+            return
+        cutoff = time.monotonic() - window_s
+        self.frames = [f for f in self.frames if f.added >= cutoff]
 
 
 @dataclass
@@ -80,10 +127,13 @@ class PartitionedWriter:
             pl.Series("date", dates.to_pylist()), pl.int_range(0, keys.height, eager=True).alias("row")
         )
         for (date,), group in hashes.group_by(["date"], maintain_order=True):
-            known = [self.store.index(self.dataset, date, self.batch_id).hashes, *self._pending.get(date, [])]
-            fresh = group.unique(subset=["h1", "h2"], keep="first", maintain_order=True).join(
-                pl.concat(known), on=["h1", "h2"], how="anti", maintain_order="left"
-            )
+            index = self.store.index(self.dataset, date, self.batch_id)
+            group = group.unique(subset=["h1", "h2"], keep="first", maintain_order=True)
+            seen = index.contains(group)
+            pending = self._pending.get(date)
+            if pending:
+                seen |= _Index([_Frame.of(pl.concat(pending), 0.0)]).contains(group)
+            fresh = group.filter(pl.Series(~seen))
             self.stats.duplicates += group.height - fresh.height
             if fresh.height == 0:
                 continue
@@ -143,7 +193,8 @@ def _fsync_dir(path: str) -> None:
 class DatasetStore:
     """The `<data>` root: where datasets live, and which keys they hold."""
 
-    def __init__(self, url: str, storage_options: dict | None = None, exclude_batches=lambda: set()):
+    def __init__(self, url: str, storage_options: dict | None = None, exclude_batches=lambda: set(),
+                 window_s: float | None = None):
         self.url = url
         self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self.root = root.rstrip("/")
@@ -152,6 +203,7 @@ class DatasetStore:
             self.root = os.path.abspath(self.root)
         self._exclude_batches = exclude_batches  # batch ids whose files are not final yet
         self._index: dict[tuple[str, str], _Index] = {}
+        self.window_s = window_s
         self.fs.makedirs(self.root, exist_ok=True)
 
     def writer(self, dataset: str, batch_id: str) -> PartitionedWriter:
@@ -162,14 +214,16 @@ class DatasetStore:
         key = (dataset, date)
         idx = self._index.get(key)
         if idx is None:
-            idx = _Index(self._load(dataset, date, {current_batch} | set(self._exclude_batches())))
+            loaded = self._load(dataset, date, {current_batch} | set(self._exclude_batches()))
+            idx = _Index([_Frame.of(loaded, time.monotonic())])
             self._index[key] = idx
         idx.used = time.monotonic()
         return idx
 
     def remember(self, dataset: str, date: str, frames: list[pl.DataFrame]) -> None:
         idx = self._index[(dataset, date)]
-        idx.hashes = pl.concat([idx.hashes, *frames]).rechunk()
+        idx.frames.append(_Frame.of(pl.concat(frames), time.monotonic()))
+        idx.trim(self.window_s)
 
     def _load(self, dataset: str, date: str, exclude: set[str]) -> pl.DataFrame:
         folder = f"{self.root}/{dataset}/date={date}"
@@ -191,5 +245,5 @@ class DatasetStore:
 
     def _evict(self) -> None:
         now = time.monotonic()
-        for k in [k for k, v in self._index.items() if now - v.used > EVICT_AFTER_S]:
+        for k in [k for k, v in self._index.items() if now - v.used > max(EVICT_AFTER_S, self.window_s or 0)]:
             del self._index[k]

@@ -82,7 +82,7 @@ def _lock(path: Path):
 
 
 def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, parent_pid: int,
-        poll_s: float = 0.2, log_level: int = logging.INFO) -> None:
+        poll_s: float = 0.2, log_level: int = logging.INFO, dedup_window: float | None = None) -> None:
     """Process entry point. Exits when `stop` is set and no sealed segment is left,
     or when the collector that started it is gone (a restart takes over)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the receiver orchestrates shutdown
@@ -92,7 +92,8 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
     lock = _lock(directory / "flusher.lock")
     try:
         store = DatasetStore(
-            data_url, storage_options, exclude_batches=lambda: {p.name.split(".", 1)[0] for p in wal.sealed_segments(directory)}
+            data_url, storage_options, window_s=dedup_window,
+            exclude_batches=lambda: {p.name.split(".", 1)[0] for p in wal.sealed_segments(directory)},
         )
         backoff = 0.0
         while True:

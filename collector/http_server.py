@@ -21,6 +21,8 @@ from .responses import export_response, retry_after_header, status
 
 log = logging.getLogger("nightshift.collector.http")
 
+_DRAIN_BYTES = 16 << 20
+
 PATHS = {"/v1/traces": "traces", "/v1/logs": "logs", "/v1/metrics": "metrics"}
 
 
@@ -77,7 +79,18 @@ def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable
                 self.close_connection = True
                 raise BadRequest("invalid Content-Length") from None
             if length > limit:
-                self.close_connection = True  # the body is left unread
+                # Read and discard a moderately oversized body so the client sees
+                # the 413 instead of a reset; past that, answer and hang up.
+                if length <= limit + _DRAIN_BYTES:
+                    left = length
+                    while left > 0:
+                        got = self.rfile.read(min(left, 1 << 20))
+                        if not got:
+                            break
+                        left -= len(got)
+                    self.close_connection = left > 0
+                else:
+                    self.close_connection = True
                 raise TooLarge(f"request body is {length} bytes, over the {limit}-byte limit")
             body = self.rfile.read(length)
             if len(body) < length:

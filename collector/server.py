@@ -54,7 +54,7 @@ class Collector:
         self._flusher = self._ctx.Process(
             target=flusher.run,
             args=(str(self.wal_dir), self.cfg.data, self.cfg.storage_options, self._flusher_stop, self._stats, os.getpid()),
-            kwargs={"log_level": logging.getLogger().level},
+            kwargs={"log_level": logging.getLogger().level, "dedup_window": self.cfg.dedup_window},
             name="nightshift-flusher",
             daemon=False,
         )
