@@ -56,6 +56,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 raise ValueError(f"not a number or duration: {value!r}")
             return float(m.group(1)) * _DUR[m.group(2).lower()]
         if tp is str:
+            if isinstance(value, bool):  # YAML reads a bare `off`/`on` as a boolean
+                return "on" if value else "off"
             return "" if value is None else str(value)
         if origin is list:
             if isinstance(value, str):

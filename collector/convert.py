@@ -275,10 +275,11 @@ class LogBuilder:
                 scope = sl.scope
                 scope_bytes = scope.SerializeToString(deterministic=True)
                 for r in sl.log_records:
+                    rec_bytes = r.SerializeToString(deterministic=True)
                     h = hashlib.blake2b(digest_size=16)
-                    h.update(res_bytes)
-                    h.update(scope_bytes)
-                    h.update(r.SerializeToString(deterministic=True))
+                    for part in (res_bytes, scope_bytes, rec_bytes):  # length-framed: no ambiguity
+                        h.update(len(part).to_bytes(8, "little"))
+                        h.update(part)
                     c["record_id"].append(h.hexdigest())
                     c["time"].append(_ts(r.time_unix_nano))
                     c["observed_time"].append(_ts(r.observed_time_unix_nano))

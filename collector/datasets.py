@@ -12,9 +12,9 @@ Deduplication keeps, per partition, 128 bits of hash of each stored key in memor
 searched with `searchsorted`: 16 bytes a key and lookups that cost the batch, not
 the partition. The partition's existing files are read once, the first time it is
 touched (files of batches about to be rewritten left out). A long-running
-collector can bound memory with `window_s`: keys it wrote itself are forgotten
-after that long, which still covers every OTLP client's resend (their retry
-window is about 10 s); `nightshift ingest` keeps whole partitions.
+collector bounds memory with `window_s`: keys are forgotten that long after they
+were loaded or written, which still covers every OTLP client's resend (their
+retry window is about 10 s); `nightshift ingest` keeps whole partitions.
 """
 
 from __future__ import annotations
@@ -128,13 +128,14 @@ class PartitionedWriter:
         )
         for (date,), group in hashes.group_by(["date"], maintain_order=True):
             index = self.store.index(self.dataset, date, self.batch_id)
+            arrived = group.height
             group = group.unique(subset=["h1", "h2"], keep="first", maintain_order=True)
             seen = index.contains(group)
             pending = self._pending.get(date)
             if pending:
                 seen |= _Index([_Frame.of(pl.concat(pending), 0.0)]).contains(group)
             fresh = group.filter(pl.Series(~seen))
-            self.stats.duplicates += group.height - fresh.height
+            self.stats.duplicates += arrived - fresh.height
             if fresh.height == 0:
                 continue
             self._pending.setdefault(date, []).append(fresh.select("h1", "h2"))

@@ -41,20 +41,26 @@ def media_type(content_type: str | None) -> str:
     )
 
 
-def _inflate(d, body: bytes, limit: int, name: str) -> bytes:
+def _inflate(make, body: bytes, limit: int, name: str) -> bytes:
+    """zlib/gzip with bounded output; concatenated gzip members are all read."""
     out = bytearray()
     data = body
     try:
         while True:
-            chunk = d.decompress(data, _CHUNK)
-            out += chunk
-            if len(out) > limit:
-                raise TooLarge(f"request is over the {limit}-byte limit once decompressed ({name})")
-            data = d.unconsumed_tail
-            if not data and (not chunk or d.eof):
+            d = make()
+            while True:
+                chunk = d.decompress(data, _CHUNK)
+                out += chunk
+                if len(out) > limit:
+                    raise TooLarge(f"request is over the {limit}-byte limit once decompressed ({name})")
+                data = d.unconsumed_tail
+                if not data and (not chunk or d.eof):
+                    break
+            if not d.eof:
+                raise BadRequest(f"truncated {name} body")
+            data = d.unused_data
+            if not data.strip(b"\0"):  # trailing padding, or nothing: done
                 break
-        if not d.eof:
-            raise BadRequest(f"truncated {name} body")
     except zlib.error as e:
         raise BadRequest(f"invalid {name} body: {e}") from None
     return bytes(out)
@@ -65,11 +71,11 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     if enc in ("", "identity", "none"):
         out = body
     elif enc in ("gzip", "x-gzip"):
-        out = _inflate(zlib.decompressobj(wbits=31), body, limit, "gzip")
+        out = _inflate(lambda: zlib.decompressobj(wbits=31), body, limit, "gzip")
     elif enc == "deflate":
         # RFC 9110's deflate is zlib-wrapped; some clients send raw deflate.
         wbits = 15 if body[:1] and (body[0] & 0x0F) == 8 and int.from_bytes(body[:2], "big") % 31 == 0 else -15
-        out = _inflate(zlib.decompressobj(wbits=wbits), body, limit, "deflate")
+        out = _inflate(lambda: zlib.decompressobj(wbits=wbits), body, limit, "deflate")
     elif enc == "zstd":
         out = _unzstd(body, limit)
     else:
@@ -80,14 +86,27 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
 
 
 def _unzstd(body: bytes, limit: int) -> bytes:
-    d = zstandard.ZstdDecompressor().decompressobj()
+    """Bounded: output is read in chunks and refused past `limit`, so a tiny frame
+    of a huge run of zeros costs at most `limit` bytes. Every frame is read, and a
+    body that ends inside a frame is refused."""
     out = bytearray()
     try:
-        # Feed in slices so that one small frame cannot expand past the limit in one call.
-        for i in range(0, len(body), 16384):
-            out += d.decompress(body[i : i + 16384])
+        reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
+        while True:
+            chunk = reader.read(_CHUNK)
+            if not chunk:
+                break
+            out += chunk
             if len(out) > limit:
                 raise TooLarge(f"request is over the {limit}-byte limit once decompressed (zstd)")
+        # Output is now known to be within the limit: check that every frame ended.
+        data = body
+        while data:
+            d = zstandard.ZstdDecompressor().decompressobj()
+            d.decompress(data)
+            if not d.eof:
+                raise BadRequest("truncated zstd body")
+            data = d.unused_data
     except zstandard.ZstdError as e:
         raise BadRequest(f"invalid zstd body: {e}") from None
     return bytes(out)

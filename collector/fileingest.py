@@ -121,12 +121,14 @@ def _sniff_proto(frame: bytes) -> tuple[str, object]:
     """TracesData and LogsData share field numbers; a span's first field is its
     16-byte trace id, a log record's a fixed64 time, so spans parsed from logs
     come out without ids."""
-    traces = TracesData.FromString(frame)
-    spans = [s for rs in traces.resource_spans for ss in rs.scope_spans for s in ss.spans]
-    if spans and all(len(s.trace_id) == 16 for s in spans):
-        return "traces", traces
-    logs = LogsData.FromString(frame)
-    return "logs", logs
+    try:
+        traces = TracesData.FromString(frame)
+        spans = [s for rs in traces.resource_spans for ss in rs.scope_spans for s in ss.spans]
+        if spans and all(len(s.trace_id) == 16 for s in spans):
+            return "traces", traces
+    except DecodeError:
+        pass  # log records' fields do not always parse as spans
+    return "logs", LogsData.FromString(frame)
 
 
 def ingest(paths: list[str], store: DatasetStore, redactor: Redactor, progress: bool = True) -> IngestStats:

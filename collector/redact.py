@@ -40,7 +40,7 @@ PRESETS: dict[str, str] = {
     ),
     "bearer": r"(?i:\bbearer\s+)[A-Za-z0-9._~+/-]{16,}=*",
     # Digits in groups, 13-19 in all; replaced only when the Luhn checksum holds.
-    "credit_card": r"\b\d(?:[ -]?\d){12,18}\b",
+    "credit_card": r"\b[0-9](?:[ -]?[0-9]){12,18}\b",
 }
 DEFAULT_PRESETS = ("api_key", "bearer")
 
@@ -51,7 +51,7 @@ PRESET_SCREENS: dict[str, str] = {
     "email": "@",
     "api_key": r"sk-|pk-|rk-|AKIA|gh[pousr]_|xox[abprs]-|AIza",
     "bearer": r"(?i:bearer)",
-    "credit_card": r"\d(?:[ -]?\d){12,18}",
+    "credit_card": r"[0-9](?:[ -]?[0-9]){12,18}",
 }
 
 
@@ -74,14 +74,32 @@ class Rule:
 
             def sub(m: re.Match) -> str:
                 nonlocal n
-                digits = re.sub(r"\D", "", m.group(0))
-                if _luhn_ok(digits):
-                    n += 1
-                    return self.replacement
-                return m.group(0)
+                span = _card_in(m.group(0))
+                if span is None:
+                    return m.group(0)
+                n += 1
+                a, b = span
+                return m.group(0)[:a] + self.replacement + m.group(0)[b:]
 
             return self.regex.sub(sub, text), n
         return self.regex.subn(self.replacement, text)
+
+
+def _card_in(text: str) -> tuple[int, int] | None:
+    """The longest run of whole digit groups in `text` with 13-19 digits that passes
+    Luhn (a card number followed by, say, an expiry date is still found)."""
+    groups = [(m.start(), m.end()) for m in re.finditer(r"[0-9]+", text)]
+    best = None
+    for i in range(len(groups)):
+        digits = ""
+        for j in range(i, len(groups)):
+            digits += text[groups[j][0] : groups[j][1]]
+            if len(digits) > 19:
+                break
+            if len(digits) >= 13 and _luhn_ok(digits):
+                if best is None or groups[j][1] - groups[i][0] > best[1] - best[0]:
+                    best = (groups[i][0], groups[j][1])
+    return best
 
 
 def _screen(pattern: str) -> re.Pattern | None:
@@ -103,8 +121,8 @@ def _screen(pattern: str) -> re.Pattern | None:
                     av = (av[0], [strip(b) for b in av[1]])
                 elif op in (C.ATOMIC_GROUP,):
                     av = strip(av)
-                elif op is C.GROUPREF_EXISTS:
-                    return None
+                elif op in (C.GROUPREF_EXISTS, C.GROUPREF, getattr(C, "GROUPREF_IGNORE", None)):
+                    raise ValueError("backreferences: screen by walking")
                 data.append((op, av))
             sub.data = data
             return sub

@@ -1,0 +1,272 @@
+"""Settings: defaults < YAML < NIGHTSHIFT_* environment < flags, and the CLI's use of them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nightshift.cli.settings import SettingsError, load
+from nightshift.collector.config import CollectorConfig
+from nightshift.collector.redact import DEFAULT_PRESETS
+
+
+def cfg(tmp_path: Path, yaml_text: str | None = None, env: dict | None = None, flags: dict | None = None):
+    path = None
+    if yaml_text is not None:
+        path = tmp_path / "nightshift.yaml"
+        path.write_text(yaml_text)
+    return load(CollectorConfig, "collector", str(path) if path else None, flags, env or {})
+
+
+def test_defaults(tmp_path):
+    c = cfg(tmp_path)
+    assert c == CollectorConfig()
+    assert c.data == "./nightshift-data"
+    assert c.redact.presets == list(DEFAULT_PRESETS)
+    assert c.wal_dir() == "./nightshift-data/wal"
+
+
+def test_precedence_defaults_yaml_env_flags(tmp_path):
+    yaml_text = """
+data: /from/yaml/top
+collector:
+  grpc: 127.0.0.1:1111
+  http: 127.0.0.1:2222
+  token: yaml-token
+  max_inflight: 10
+"""
+    only_yaml = cfg(tmp_path, yaml_text)
+    assert (only_yaml.data, only_yaml.grpc, only_yaml.http, only_yaml.token) == (
+        "/from/yaml/top", "127.0.0.1:1111", "127.0.0.1:2222", "yaml-token")
+    assert only_yaml.max_inflight == 10
+    assert only_yaml.grpc_workers == CollectorConfig().grpc_workers  # untouched default
+
+    env = {"NIGHTSHIFT_DATA": "/from/env", "NIGHTSHIFT_COLLECTOR_HTTP": "127.0.0.1:3333",
+           "NIGHTSHIFT_COLLECTOR_TOKEN": "env-token", "NIGHTSHIFT_COLLECTOR_GRPC_WORKERS": "4"}
+    with_env = cfg(tmp_path, yaml_text, env)
+    assert (with_env.data, with_env.grpc, with_env.http, with_env.token) == (
+        "/from/env", "127.0.0.1:1111", "127.0.0.1:3333", "env-token")
+    assert with_env.grpc_workers == 4 and with_env.max_inflight == 10
+
+    flags = {"data": "/from/flag", "token": "flag-token", "http": None, "grpc": None}
+    with_flags = cfg(tmp_path, yaml_text, env, flags)
+    assert (with_flags.data, with_flags.grpc, with_flags.http, with_flags.token) == (
+        "/from/flag", "127.0.0.1:1111", "127.0.0.1:3333", "flag-token")
+    assert with_flags.wal_dir() == "/from/flag/wal"
+
+
+def test_section_data_overrides_top_level_data(tmp_path):
+    c = cfg(tmp_path, "data: /top\ncollector:\n  data: /section\n")
+    assert c.data == "/section"
+
+
+def test_other_sections_are_ignored(tmp_path):
+    c = cfg(tmp_path, "trainer:\n  epochs: 3\ncollector:\n  token: t\n")
+    assert c.token == "t"
+
+
+def test_nested_redact_settings_from_yaml(tmp_path):
+    c = cfg(tmp_path, """
+collector:
+  redact:
+    presets: [email, credit_card]
+    drop_keys: [password]
+    rules:
+      - {name: ticket, pattern: "TICKET-[0-9]+"}
+""")
+    assert c.redact.presets == ["email", "credit_card"]
+    assert c.redact.drop_keys == ["password"]
+    assert c.redact.rules == [{"name": "ticket", "pattern": "TICKET-[0-9]+"}]
+
+
+def test_nested_redact_settings_from_env(tmp_path):
+    env = {
+        "NIGHTSHIFT_COLLECTOR_REDACT_PRESETS": "email,api_key",
+        "NIGHTSHIFT_COLLECTOR_REDACT_DROP_KEYS": " a , b ,",
+        "NIGHTSHIFT_COLLECTOR_REDACT_RULES": '[{"name": "x", "pattern": "y+"}]',
+    }
+    c = cfg(tmp_path, "collector:\n  redact:\n    presets: [bearer]\n", env)
+    assert c.redact.presets == ["email", "api_key"]
+    assert c.redact.drop_keys == ["a", "b"]
+    assert c.redact.rules == [{"name": "x", "pattern": "y+"}]
+
+
+def test_empty_presets_turn_redaction_off(tmp_path):
+    assert cfg(tmp_path, "collector:\n  redact:\n    presets: []\n").redact.presets == []
+
+
+def test_storage_options_mapping_from_env(tmp_path):
+    c = cfg(tmp_path, env={"NIGHTSHIFT_COLLECTOR_STORAGE_OPTIONS": '{"anon": true, "endpoint_url": "http://x"}'})
+    assert c.storage_options == {"anon": True, "endpoint_url": "http://x"}
+
+
+@pytest.mark.parametrize(
+    "text,expect",
+    [("1MiB", 1 << 20), ("64MiB", 64 << 20), ("2GB", 2 * 10**9), ("2gib", 2 << 30), ("512", 512),
+     ("1.5KiB", 1536), ("10 kb", 10_000), ("1_000", 1000)],
+)
+def test_sizes(tmp_path, text, expect):
+    c = cfg(tmp_path, f"collector:\n  max_request_bytes: '{text}'\n", {"NIGHTSHIFT_COLLECTOR_WAL_CAP_BYTES": text})
+    assert c.max_request_bytes == expect
+    assert c.wal_cap_bytes == expect
+
+
+@pytest.mark.parametrize("text,expect", [("500ms", 0.5), ("10s", 10.0), ("5m", 300.0), ("2h", 7200.0), ("1.5", 1.5),
+                                         ("2min", 120.0)])
+def test_durations(tmp_path, text, expect):
+    c = cfg(tmp_path, f"collector:\n  flush_interval: '{text}'\n", {"NIGHTSHIFT_COLLECTOR_SHUTDOWN_TIMEOUT": text})
+    assert c.flush_interval == pytest.approx(expect)
+    assert c.shutdown_timeout == pytest.approx(expect)
+
+
+def test_yaml_numbers_and_booleans(tmp_path):
+    c = cfg(tmp_path, "collector:\n  flush_interval: 2\n  fsync: false\n  segment_bytes: 1048576\n")
+    assert c.flush_interval == 2.0 and isinstance(c.flush_interval, float)
+    assert c.fsync is False
+    assert c.segment_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("text,expect", [("false", False), ("0", False), ("no", False), ("on", True), ("TRUE", True)])
+def test_booleans_from_env(tmp_path, text, expect):
+    assert cfg(tmp_path, env={"NIGHTSHIFT_COLLECTOR_FSYNC": text}).fsync is expect
+
+
+def test_listener_off_in_yaml(tmp_path):
+    c = cfg(tmp_path, "collector:\n  grpc: off\n  http: off\n")
+    assert (c.grpc, c.http) == ("off", "off")
+
+
+def test_listener_off_from_env_and_quoted_yaml(tmp_path):
+    assert cfg(tmp_path, env={"NIGHTSHIFT_COLLECTOR_GRPC": "off"}).grpc == "off"
+    assert cfg(tmp_path, "collector:\n  http: 'off'\n").http == "off"
+
+
+def test_unknown_key_in_yaml_names_it(tmp_path):
+    with pytest.raises(SettingsError, match="grcp"):
+        cfg(tmp_path, "collector:\n  grcp: 127.0.0.1:4317\n")
+
+
+def test_unknown_nested_key_names_it(tmp_path):
+    with pytest.raises(SettingsError, match=r"redact.*'preset'"):
+        cfg(tmp_path, "collector:\n  redact:\n    preset: [email]\n")
+
+
+def test_nested_group_must_be_a_mapping(tmp_path):
+    with pytest.raises(SettingsError, match="redact"):
+        cfg(tmp_path, "collector:\n  redact: email\n")
+
+
+@pytest.mark.parametrize("text", ["collector: [unclosed\n", "collector:\n  grpc: 'x\n", "a: b: c\n"])
+def test_invalid_yaml(tmp_path, text):
+    with pytest.raises(SettingsError, match="not valid YAML"):
+        cfg(tmp_path, text)
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n"])
+def test_yaml_top_level_must_be_a_mapping(tmp_path, text):
+    with pytest.raises(SettingsError):
+        cfg(tmp_path, text)
+
+
+def test_section_must_be_a_mapping(tmp_path):
+    with pytest.raises(SettingsError, match="collector"):
+        cfg(tmp_path, "collector: 5\n")
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(SettingsError, match="cannot read config file"):
+        load(CollectorConfig, "collector", str(tmp_path / "absent.yaml"), None, {})
+
+
+def test_empty_yaml_file_is_defaults(tmp_path):
+    assert cfg(tmp_path, "") == CollectorConfig()
+
+
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("NIGHTSHIFT_COLLECTOR_MAX_INFLIGHT", "lots"),
+        ("NIGHTSHIFT_COLLECTOR_WAL_CAP_BYTES", "12 parsecs"),
+        ("NIGHTSHIFT_COLLECTOR_WAL_CAP_BYTES", "1.2.3"),
+        ("NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL", "soon"),
+        ("NIGHTSHIFT_COLLECTOR_FSYNC", "maybe"),
+        ("NIGHTSHIFT_COLLECTOR_STORAGE_OPTIONS", "{not json"),
+        ("NIGHTSHIFT_COLLECTOR_STORAGE_OPTIONS", "[1]"),
+        ("NIGHTSHIFT_COLLECTOR_REDACT_RULES", "[broken"),
+    ],
+)
+def test_bad_value_in_env(tmp_path, var, value):
+    with pytest.raises(SettingsError, match=var.removeprefix("NIGHTSHIFT_COLLECTOR_").lower().replace("redact_", "redact.")):
+        cfg(tmp_path, env={var: value})
+
+
+def test_bad_value_in_yaml_names_file_and_key(tmp_path):
+    with pytest.raises(SettingsError) as exc:
+        cfg(tmp_path, "collector:\n  max_inflight: many\n")
+    assert "nightshift.yaml" in str(exc.value) and "max_inflight" in str(exc.value)
+
+
+def test_env_is_read_from_os_environ_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("NIGHTSHIFT_COLLECTOR_TOKEN", "from-os-env")
+    assert load(CollectorConfig, "collector").token == "from-os-env"
+
+
+def test_wal_dir_for_remote_data(tmp_path):
+    assert cfg(tmp_path, flags={"data": "s3://bucket/prefix"}).wal_dir() == "./nightshift-wal"
+    assert cfg(tmp_path, flags={"data": "file:///srv/data/"}).wal_dir() == "/srv/data/wal"
+    assert cfg(tmp_path, flags={"data": "/d", "wal": "/w"}).wal_dir() == "/w"
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def _nightshift() -> list[str]:
+    script = Path(sys.executable).parent / "nightshift"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "nightshift.cli"]
+
+
+def _run(args: list[str], tmp_path: Path, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSHIFT_")}
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, **kw)
+
+
+def test_help(tmp_path):
+    top = _run([*_nightshift(), "--help"], tmp_path)
+    assert top.returncode == 0, top.stderr
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in top.stdout
+    for cmd in ("collect", "ingest", "show"):
+        assert cmd in top.stdout
+    collect = _run([sys.executable, "-m", "nightshift.cli", "collect", "--help"], tmp_path)
+    assert collect.returncode == 0, collect.stderr
+    assert "--data" in collect.stdout and "OTEL_EXPORTER_OTLP_ENDPOINT" in collect.stdout
+    assert "--grpc" in collect.stdout and "--wal" in collect.stdout
+
+
+def test_no_command_prints_help_and_exits_2(tmp_path):
+    r = _run([sys.executable, "-m", "nightshift.cli"], tmp_path)
+    assert r.returncode == 2
+    assert "collect" in r.stdout
+
+
+def test_collect_with_unknown_key_in_config_exits_2(tmp_path):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("collector:\n  listen_everywhere: true\n")
+    r = _run([sys.executable, "-m", "nightshift.cli", "collect", "--config", str(conf),
+              "--data", str(tmp_path / "data"), "--grpc", "off", "--http", "off"], tmp_path)
+    assert r.returncode == 2
+    assert "configuration error" in r.stderr
+    assert "listen_everywhere" in r.stderr
+    assert not (tmp_path / "data").exists()  # refused before touching anything
+
+
+def test_collect_with_bad_env_value_exits_2(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NIGHTSHIFT_")}
+    env["NIGHTSHIFT_COLLECTOR_MAX_INFLIGHT"] = "plenty"
+    r = subprocess.run([sys.executable, "-m", "nightshift.cli", "collect", "--data", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode == 2
+    assert "configuration error" in r.stderr and "max_inflight" in r.stderr
