@@ -12,17 +12,13 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from nightshift.schemas import logs as logs_schema
 from nightshift.schemas import spans as spans_schema
 from nightshift.schemas.common import ANY_VALUE, ATTRIBUTE
 
-_PROMOTED_KEYS = {}
-for _col, _keys in spans_schema.PROMOTED.items():
-    for _rank, _k in enumerate(_keys):
-        _PROMOTED_KEYS[_k] = (_col, _rank)
-_PROMOTED_COLS = list(spans_schema.PROMOTED)
 _KINDS = spans_schema.KINDS
 _STATUS = spans_schema.STATUS_CODES
 
@@ -49,50 +45,56 @@ def _json_safe(v) -> Any:
     return None
 
 
-class _Values:
-    """Column builders for a run of AnyValue structs."""
+_TYPE_NAMES = ("empty", "string", "int", "double", "bool", "bytes", "array", "kvlist")
+_CODE = {"string_value": 1, "int_value": 2, "double_value": 3, "bool_value": 4, "bytes_value": 5,
+         "array_value": 6, "kvlist_value": 7}
 
-    __slots__ = ("type", "s", "i", "d", "b", "by", "j")
+
+class _Values:
+    """Column builders for a run of AnyValue structs.
+
+    The loop stores one type code and one Python value per item; the typed
+    columns are split out afterwards by numpy in C, not by appends in Python."""
+
+    __slots__ = ("codes", "vals")
 
     def __init__(self) -> None:
-        self.type: list = []
-        self.s: list = []
-        self.i: list = []
-        self.d: list = []
-        self.b: list = []
-        self.by: list = []
-        self.j: list = []
+        self.codes: list[int] = []
+        self.vals: list = []
 
     def add(self, v) -> None:
         kind = v.WhichOneof("value")
-        t, s, i, d, b, by, j = self.type, self.s, self.i, self.d, self.b, self.by, self.j
-        if kind == "string_value":
-            t.append("string"); s.append(v.string_value); i.append(None); d.append(None); b.append(None); by.append(None); j.append(None)  # noqa: E702
-        elif kind == "int_value":
-            t.append("int"); s.append(None); i.append(v.int_value); d.append(None); b.append(None); by.append(None); j.append(None)  # noqa: E702
-        elif kind == "double_value":
-            t.append("double"); s.append(None); i.append(None); d.append(v.double_value); b.append(None); by.append(None); j.append(None)  # noqa: E702
-        elif kind == "bool_value":
-            t.append("bool"); s.append(None); i.append(None); d.append(None); b.append(v.bool_value); by.append(None); j.append(None)  # noqa: E702
-        elif kind == "bytes_value":
-            t.append("bytes"); s.append(None); i.append(None); d.append(None); b.append(None); by.append(v.bytes_value); j.append(None)  # noqa: E702
-        elif kind in ("array_value", "kvlist_value"):
-            t.append("array" if kind == "array_value" else "kvlist")
-            s.append(None); i.append(None); d.append(None); b.append(None); by.append(None)  # noqa: E702
-            j.append(json.dumps(_json_safe(v), ensure_ascii=False, separators=(",", ":")))
+        if kind is None:
+            self.codes.append(0)
+            self.vals.append(None)
+            return
+        code = _CODE[kind]
+        self.codes.append(code)
+        if code >= 6:
+            self.vals.append(json.dumps(_json_safe(v), ensure_ascii=False, separators=(",", ":")))
         else:
-            t.append("empty"); s.append(None); i.append(None); d.append(None); b.append(None); by.append(None); j.append(None)  # noqa: E702
+            self.vals.append(getattr(v, kind))
 
     def array(self) -> pa.StructArray:
+        codes = np.asarray(self.codes, dtype=np.int8)
+        vals = np.empty(len(self.vals), dtype=object)
+        vals[:] = self.vals
+
+        def column(mask: np.ndarray, typ: pa.DataType) -> pa.Array:
+            if not mask.any():
+                return pa.nulls(len(codes), typ)
+            return pa.array(np.where(mask, vals, None), typ)
+
+        names = np.asarray(_TYPE_NAMES, dtype=object)[codes] if len(codes) else np.empty(0, dtype=object)
         return pa.StructArray.from_arrays(
             [
-                pa.array(self.type, pa.string()),
-                pa.array(self.s, pa.string()),
-                pa.array(self.i, pa.int64()),
-                pa.array(self.d, pa.float64()),
-                pa.array(self.b, pa.bool_()),
-                pa.array(self.by, pa.binary()),
-                pa.array(self.j, pa.string()),
+                pa.array(names, pa.string()),
+                column(codes == 1, pa.string()),
+                column(codes == 2, pa.int64()),
+                column(codes == 3, pa.float64()),
+                column(codes == 4, pa.bool_()),
+                column(codes == 5, pa.binary()),
+                column(codes >= 6, pa.string()),
             ],
             fields=list(ANY_VALUE),
         )
@@ -109,15 +111,42 @@ class _Attrs:
         self.values = _Values()
 
     def add(self, kvs) -> None:
-        keys, add = self.keys, self.values.add
+        # _Values.add inlined: this loop runs once per attribute of every span.
+        keys, codes, vals, code_of = self.keys, self.values.codes, self.values.vals, _CODE
         for kv in kvs:
             keys.append(kv.key)
-            add(kv.value)
+            v = kv.value
+            kind = v.WhichOneof("value")
+            if kind is None:
+                codes.append(0)
+                vals.append(None)
+                continue
+            code = code_of[kind]
+            codes.append(code)
+            vals.append(getattr(v, kind) if code < 6 else json.dumps(_json_safe(v), ensure_ascii=False, separators=(",", ":")))
         self.offsets.append(len(keys))
 
     def array(self) -> pa.ListArray:
         child = pa.StructArray.from_arrays([pa.array(self.keys, pa.string()), self.values.array()], fields=list(ATTRIBUTE))
         return pa.ListArray.from_arrays(pa.array(self.offsets, pa.int32()), child)
+
+
+class _SharedAttrs:
+    """Resource and scope attributes: converted once per resource or scope, then
+    repeated for each of its rows by index (they are the same for every span)."""
+
+    __slots__ = ("groups", "rows")
+
+    def __init__(self) -> None:
+        self.groups = _Attrs()
+        self.rows: list[int] = []
+
+    def group(self, kvs) -> int:
+        self.groups.add(kvs)
+        return len(self.groups.offsets) - 2
+
+    def array(self) -> pa.ListArray:
+        return self.groups.array().take(pa.array(self.rows, pa.int32()))
 
 
 def _ts(ns: int):
@@ -126,10 +155,12 @@ def _ts(ns: int):
 
 class SpanBuilder:
     def __init__(self) -> None:
-        self.cols: dict[str, list] = {f.name: [] for f in spans_schema.SCHEMA if f.type != spans_schema.ATTRIBUTES}
+        self.cols: dict[str, list] = {
+            f.name: [] for f in spans_schema.SCHEMA if f.type != spans_schema.ATTRIBUTES and f.name not in spans_schema.PROMOTED
+        }
         self.attrs = _Attrs()
-        self.res_attrs = _Attrs()
-        self.scope_attrs = _Attrs()
+        self.res_attrs = _SharedAttrs()
+        self.scope_attrs = _SharedAttrs()
         # events and links: list<struct>, built with their own offsets
         self.ev_offsets = [0]
         self.ev = {"time": [], "name": [], "dropped_attributes_count": []}
@@ -151,8 +182,10 @@ class SpanBuilder:
                 if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value":
                     service = kv.value.string_value
                     break
+            res_group = self.res_attrs.group(res.attributes)
             for ss in rs.scope_spans:
                 scope = ss.scope
+                scope_group = self.scope_attrs.group(scope.attributes)
                 for s in ss.spans:
                     c["trace_id"].append(s.trace_id.hex())
                     c["span_id"].append(s.span_id.hex())
@@ -167,16 +200,6 @@ class SpanBuilder:
                     c["status_code"].append(_STATUS[code] if 0 <= code < len(_STATUS) else str(code))
                     c["status_message"].append(s.status.message)
                     c["service_name"].append(service)
-                    promoted: dict[str, tuple[int, str]] = {}
-                    for kv in s.attributes:
-                        hit = _PROMOTED_KEYS.get(kv.key)
-                        if hit is not None and kv.value.WhichOneof("value") == "string_value":
-                            col, rank = hit
-                            if col not in promoted or promoted[col][0] > rank:
-                                promoted[col] = (rank, kv.value.string_value)
-                    for col in _PROMOTED_COLS:
-                        p = promoted.get(col)
-                        c[col].append(p[1] if p else None)
                     self.attrs.add(s.attributes)
                     c["dropped_attributes_count"].append(s.dropped_attributes_count)
                     for ev in s.events:
@@ -195,19 +218,39 @@ class SpanBuilder:
                         self.ln_attrs.add(ln.attributes)
                     self.ln_offsets.append(len(self.ln["span_id"]))
                     c["dropped_links_count"].append(s.dropped_links_count)
-                    self.res_attrs.add(res.attributes)
+                    self.res_attrs.rows.append(res_group)
                     c["resource_dropped_attributes_count"].append(res.dropped_attributes_count)
                     c["resource_schema_url"].append(rs.schema_url)
                     c["scope_name"].append(scope.name)
                     c["scope_version"].append(scope.version)
-                    self.scope_attrs.add(scope.attributes)
+                    self.scope_attrs.rows.append(scope_group)
                     c["scope_dropped_attributes_count"].append(scope.dropped_attributes_count)
                     c["scope_schema_url"].append(ss.schema_url)
                     c["received_time"].append(received_ns)
                     self.dates.append(s.start_time_unix_nano or received_ns)
 
+    def _promoted(self) -> dict[str, pa.Array]:
+        """The GenAI columns, found in the attribute arrays with numpy rather than
+        by a second Python loop over every attribute."""
+        n = len(self.dates)
+        keys = np.asarray(self.attrs.keys, dtype=object)
+        codes = np.asarray(self.attrs.values.codes, dtype=np.int8)
+        vals = self.attrs.values.vals
+        offsets = np.asarray(self.attrs.offsets, dtype=np.int64)
+        out = {}
+        for col, names in spans_schema.PROMOTED.items():
+            column = np.full(n, None, dtype=object)
+            for name in reversed(names):  # the first name listed wins
+                hits = np.flatnonzero((keys == name) & (codes == 1))[::-1]  # a row's first occurrence wins
+                if len(hits):
+                    rows = np.searchsorted(offsets, hits, side="right") - 1
+                    column[rows] = [vals[i] for i in hits]
+            out[col] = pa.array(column, pa.string())
+        return out
+
     def table(self) -> pa.Table:
         schema = spans_schema.SCHEMA
+        promoted = self._promoted()
         arrays = []
         for f in schema:
             if f.name == "attributes":
@@ -242,6 +285,8 @@ class SpanBuilder:
                     fields=list(ln_type),
                 )
                 arrays.append(pa.ListArray.from_arrays(pa.array(self.ln_offsets, pa.int32()), child))
+            elif f.name in promoted:
+                arrays.append(promoted[f.name])
             else:
                 arrays.append(pa.array(self.cols[f.name], f.type))
         return pa.Table.from_arrays(arrays, schema=schema)
@@ -254,8 +299,8 @@ class LogBuilder:
         }
         self.body = _Values()
         self.attrs = _Attrs()
-        self.res_attrs = _Attrs()
-        self.scope_attrs = _Attrs()
+        self.res_attrs = _SharedAttrs()
+        self.scope_attrs = _SharedAttrs()
         self.dates: list[int] = []
 
     def __len__(self) -> int:
@@ -271,8 +316,10 @@ class LogBuilder:
                 if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value":
                     service = kv.value.string_value
                     break
+            res_group = self.res_attrs.group(res.attributes)
             for sl in rl.scope_logs:
                 scope = sl.scope
+                scope_group = self.scope_attrs.group(scope.attributes)
                 scope_bytes = scope.SerializeToString(deterministic=True)
                 for r in sl.log_records:
                     rec_bytes = r.SerializeToString(deterministic=True)
@@ -293,12 +340,12 @@ class LogBuilder:
                     c["trace_id"].append(r.trace_id.hex() or None)
                     c["span_id"].append(r.span_id.hex() or None)
                     c["service_name"].append(service)
-                    self.res_attrs.add(res.attributes)
+                    self.res_attrs.rows.append(res_group)
                     c["resource_dropped_attributes_count"].append(res.dropped_attributes_count)
                     c["resource_schema_url"].append(rl.schema_url)
                     c["scope_name"].append(scope.name)
                     c["scope_version"].append(scope.version)
-                    self.scope_attrs.add(scope.attributes)
+                    self.scope_attrs.rows.append(scope_group)
                     c["scope_dropped_attributes_count"].append(scope.dropped_attributes_count)
                     c["scope_schema_url"].append(sl.schema_url)
                     c["received_time"].append(received_ns)
