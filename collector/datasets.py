@@ -150,7 +150,8 @@ class PartitionedWriter:
             self.store.fs.makedirs(os.path.dirname(final), exist_ok=True)
             tmp = final if not self.store.local else f"{final}.tmp-{uuid.uuid4().hex[:8]}"
             f = self.store.fs.open(tmp, "wb")
-            w = pq.ParquetWriter(f, self.schema, compression="zstd", write_statistics=True)
+            w = pq.ParquetWriter(f, self.schema, compression="zstd", compression_level=1,
+                                 write_statistics=True)
             self._writers[date] = (w, f, tmp, final)
         return self._writers[date][0]
 

@@ -29,9 +29,7 @@ log = logging.getLogger("nightshift.collector.flusher")
 #: segment size (each chunk becomes a row group of the segment's file).
 CHUNK_BYTES = 16 << 20
 
-# Indices into the shared stats array.
-SPANS, LOGS, DUPLICATES, SEGMENTS, ERRORS, LAST_FLUSH_S, OLDEST_PENDING_NS = range(7)
-NSTATS = 7
+from .flusher_stats import DUPLICATES, ERRORS, LAST_FLUSH_S, LOGS, NSTATS, OLDEST_PENDING_NS, SEGMENTS, SPANS  # noqa: F401
 
 
 @dataclass

@@ -32,7 +32,8 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable[[], tuple[bool, dict]]):
+def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable[[], tuple[bool, dict]],
+                 before_scrape: Callable[[], None] = lambda: None):
     expected = f"Bearer {token}".encode() if token else b""
     metrics = pipeline.metrics
 
@@ -140,6 +141,7 @@ def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable
                 ok, info = health()
                 self._send(200 if ok else 503, json.dumps(info).encode(), "application/json")
             elif path == "/metrics":
+                before_scrape()  # gauges read from the WAL folder and the flusher's counters
                 self._send(200, metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
             else:
                 self._send(404, b'{"message":"not found"}', "application/json")
@@ -148,9 +150,9 @@ def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable
 
 
 def start(address: str, pipeline: Pipeline, *, token: str, limit: int, tls: ssl.SSLContext | None,
-          health: Callable[[], tuple[bool, dict]]) -> tuple[_Server, int]:
+          health: Callable[[], tuple[bool, dict]], before_scrape: Callable[[], None] = lambda: None) -> tuple[_Server, int]:
     host, _, port = address.rpartition(":")
-    server = _Server((host.strip("[]"), int(port)), make_handler(pipeline, token=token, limit=limit, health=health))
+    server = _Server((host.strip("[]"), int(port)), make_handler(pipeline, token=token, limit=limit, health=health, before_scrape=before_scrape))
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)

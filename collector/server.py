@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import flusher, grpc_server, http_server, wal
+from . import flusher_stats as flusher, grpc_server, http_server, wal
 from .config import CollectorConfig
 from .metrics import Metrics
 from .pipeline import Pipeline
@@ -52,7 +52,7 @@ class Collector:
 
     def _start_flusher(self) -> None:
         self._flusher = self._ctx.Process(
-            target=flusher.run,
+            target=flusher.run_flusher,
             args=(str(self.wal_dir), self.cfg.data, self.cfg.storage_options, self._flusher_stop, self._stats, os.getpid()),
             kwargs={"log_level": logging.getLogger().level, "dedup_window": self.cfg.dedup_window},
             name="nightshift-flusher",
@@ -122,7 +122,8 @@ class Collector:
             )
         if cfg.http and cfg.http != "off":
             self._http, self.http_port = http_server.start(
-                cfg.http, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, tls=http_tls, health=self._health
+                cfg.http, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, tls=http_tls, health=self._health,
+                before_scrape=self._refresh_gauges,
             )
         self.ready = True
         log.info(

@@ -73,7 +73,8 @@ def _filter(groups, scoped: str, items: str, problem, ok) -> tuple[int, int, str
             bad = [i for i, r in enumerate(recs) if problem(r) is not None]
             if bad:
                 first = first or problem(recs[bad[0]])
-                keep = [r for i, r in enumerate(recs) if i not in set(bad)]
+                bad_set = set(bad)
+                keep = [r for i, r in enumerate(recs) if i not in bad_set]
                 copies = [type(r)() for r in keep]
                 for c, r in zip(copies, keep):
                     c.CopyFrom(r)

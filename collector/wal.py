@@ -48,9 +48,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def record_header(kind: int, received_ns: int, payload: bytes) -> bytes:
+    """The 17 bytes before a payload; the CRC runs on, never copying, the payload."""
+    meta = struct.pack("<BQ", kind, received_ns)
+    return struct.pack("<II", len(payload), zlib.crc32(payload, zlib.crc32(meta))) + meta
+
+
 def encode_record(kind: int, received_ns: int, payload: bytes) -> bytes:
-    body = struct.pack("<BQ", kind, received_ns) + payload
-    return struct.pack("<II", len(payload), zlib.crc32(body)) + body
+    return record_header(kind, received_ns, payload) + payload
 
 
 def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
@@ -70,9 +75,20 @@ def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
 
 
 def read_segment(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(kind, received_ns, payload) for every intact record of a segment."""
-    records, _ = _scan(path.read_bytes())
-    yield from records
+    """(kind, received_ns, payload) for every intact record of a segment, read one
+    record at a time so the reader holds one record, not the segment."""
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            return
+        while True:
+            head = f.read(HEADER.size)
+            if len(head) < HEADER.size:
+                return
+            length, crc, kind, received = HEADER.unpack(head)
+            payload = f.read(length)
+            if len(payload) < length or zlib.crc32(head[8:] + payload) != crc:
+                return
+            yield kind, received, payload
 
 
 def segment_id(path: Path) -> int:
@@ -112,7 +128,8 @@ def recover(directory: Path) -> int:
 
 @dataclass
 class _Batch:
-    records: list[bytes] = field(default_factory=list)
+    records: list[bytes] = field(default_factory=list)  # header, payload, header, payload, ...
+    count: int = 0
     size: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -191,24 +208,27 @@ class WriteAheadLog:
 
     def append(self, kind: int, payload: bytes, received_ns: int | None = None) -> None:
         """Returns once the record is durable; raises Overloaded if it cannot be."""
-        rec = encode_record(kind, received_ns or time.time_ns(), payload)
+        head = record_header(kind, received_ns or time.time_ns(), payload)
+        size = len(head) + len(payload)
         with self._cond:
             if self._closing:
                 raise Overloaded("collector is shutting down", retry_after=1.0)
-            if self.bytes_on_disk + self._batch.size + len(rec) > self.cap_bytes:
+            if self.bytes_on_disk + self._batch.size + size > self.cap_bytes:
                 self._refresh_sealed(force=True)
-                if self.bytes_on_disk + self._batch.size + len(rec) > self.cap_bytes:
+                if self.bytes_on_disk + self._batch.size + size > self.cap_bytes:
                     self._roll_requested = True  # let the flusher take the active segment
                     self._cond.notify_all()
                     raise Overloaded(
                         f"write-ahead log is over its {self.cap_bytes}-byte cap; the flusher is catching up",
                         retry_after=1.0,
                     )
-            if self._batch.size + len(rec) > self.max_pending_bytes:
+            if self._batch.size + size > self.max_pending_bytes:
                 raise Overloaded("too many bytes waiting for the disk", retry_after=0.5)
             batch = self._batch
-            batch.records.append(rec)
-            batch.size += len(rec)
+            batch.records.append(head)
+            batch.records.append(payload)
+            batch.count += 1
+            batch.size += size
             self._cond.notify_all()
         if not batch.done.wait(self.ack_timeout):
             raise Overloaded("the disk did not confirm the write in time", retry_after=1.0)
@@ -270,9 +290,9 @@ class WriteAheadLog:
             batch.done.set()
             return
         self._active_size += len(buf)
-        self._active_records += len(batch.records)
+        self._active_records += batch.count
         if self.on_sync:
-            self.on_sync(time.perf_counter() - t0, len(batch.records))
+            self.on_sync(time.perf_counter() - t0, batch.count)
         batch.done.set()
 
     def _new_segment(self) -> None:

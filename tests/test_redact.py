@@ -446,3 +446,20 @@ def test_screen_with_backreference_into_a_lookaround():
     assert r.redact_text(value)[1] == 1
     _, req, _ = _request_around(random.Random(2), value)
     assert r.might_match(req.SerializeToString())
+
+
+def test_hyperscan_and_re2_screens_agree():
+    """Both screening engines answer the same for every preset screen."""
+    from nightshift.collector import screen
+    from nightshift.collector.redact import PRESET_SCREENS
+
+    pats = list(PRESET_SCREENS.values()) + [re.escape("user.password")]
+    hs, r2 = screen._hyperscan(pats), screen._re2(pats)
+    if hs is None:
+        pytest.skip("hyperscan is not installed on this platform")
+    rng = random.Random(7)
+    samples = [b"", b"nothing here", b"\x00\xffsk-", b"Bearer x", b"a@b", b"4111 1111 1111 1111", b"user.password",
+               b"ghp_", b"xoxb-", b"AIza", b"AKIA", b"bearer"]
+    samples += [bytes(rng.randrange(256) for _ in range(rng.randrange(64))) for _ in range(300)]
+    for s in samples:
+        assert hs(s) == r2(s), s
