@@ -27,7 +27,7 @@ log = logging.getLogger("nightshift.collector.flusher")
 
 #: Payload bytes converted at a time: bounds the flusher's memory whatever the
 #: segment size (each chunk becomes a row group of the segment's file).
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20
 
 from .flusher_stats import DUPLICATES, ERRORS, LAST_FLUSH_S, LOGS, NSTATS, OLDEST_PENDING_NS, SEGMENTS, SPANS  # noqa: F401
 
@@ -85,6 +85,10 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
     or when the collector that started it is gone (a restart takes over)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the receiver orchestrates shutdown
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.nice(5)  # background work: when the cores are busy, acks go first
+    except OSError:
+        pass
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     directory = Path(wal_dir)
     lock = _lock(directory / "flusher.lock")

@@ -171,3 +171,22 @@ def test_grpc_refusals_follow_the_spec(collector_factory):
     assert c.stop() == 0
     spans = read_spans(c.data)
     assert sorted(zip(spans["trace_id"], spans["span_id"])) == sorted(ids)
+
+
+def test_metrics_show_flusher_progress_without_a_health_check(collector):
+    req, ids = make_request(7)
+    assert post(collector.http_port, "/v1/traces", req.SerializeToString())[0] == 200
+    import time
+
+    deadline = time.time() + 30
+    text = ""
+    while time.time() < deadline:
+        text = urllib.request.urlopen(f"{collector.http_url}/metrics").read().decode()
+        if 'nightshift_flushed{signal="traces"} 7.0' in text:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("flushed count never reached /metrics:\n" + text[-2000:])
+    assert 'nightshift_accepted_total{signal="traces"} 7.0' in text
+    assert "nightshift_wal_bytes" in text and "nightshift_flush_lag_seconds" in text
+    assert "nightshift_ack_seconds_bucket" in text

@@ -104,3 +104,15 @@ def test_redacted_values_never_touch_the_disk(collector_factory, tmp_path):
     raw = b"".join(p.read_bytes() for p in (c.data / "spans").rglob("*.parquet"))
     for s in secrets:
         assert s.encode() not in raw
+
+
+def test_loud_warning_when_listening_beyond_loopback_without_a_token(collector_factory):
+    from conftest import free_port
+
+    port = free_port()
+    c = collector_factory()
+    c.extra_args = ["--http", f"0.0.0.0:{port}"]  # overrides the loopback default given first
+    c.http_port = port
+    c.start()
+    assert c.stop() == 0
+    assert "WITHOUT a bearer token" in c.log_text()
