@@ -47,8 +47,14 @@ DEFAULT_PRESETS = ("api_key", "bearer")
 #: request bytes by `screen` (Hyperscan or RE2: GB/s, where Python's `re` over a
 #: whole request manages tens of MB/s). Plain syntax both engines accept.
 PRESET_SCREENS: dict[str, str] = {
-    "email": "@",
-    "api_key": r"sk-|pk-|rk-|AKIA|gh[pousr]_|xox[abprs]-|AIza",
+    # The presets without their \b (which can only add matches): selective, so
+    # ordinary text ("task-based", "risk-free") does not send a request to the walk.
+    "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+    "api_key": (
+        r"(?:sk|pk|rk)-(?:proj-|ant-|live-|test-)?[A-Za-z0-9_-]{16,}"
+        r"|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
+    ),
+    # Python's \s also takes Unicode spaces the engines' \s does not: screen the word.
     "bearer": r"(?i:bearer)",
     "credit_card": r"[0-9](?:[ -]?[0-9]){12,18}",
 }
