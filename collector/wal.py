@@ -126,6 +126,26 @@ def recover(directory: Path) -> int:
     return highest
 
 
+_IOV_MAX = 1024
+
+
+def _write_all(fd: int, buffers: list[bytes], total: int) -> None:
+    """writev without joining the buffers first (no copy of the payloads),
+    resuming after short writes."""
+    views = [memoryview(b) for b in buffers]
+    written = 0
+    while written < total:
+        n = os.writev(fd, views[:_IOV_MAX])
+        written += n
+        while n and views:
+            if n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][n:]
+                n = 0
+
+
 @dataclass
 class _Batch:
     records: list[bytes] = field(default_factory=list)  # header, payload, header, payload, ...
@@ -264,20 +284,16 @@ class WriteAheadLog:
         )
 
     def _write(self, batch: _Batch) -> None:
-        buf = b"".join(batch.records)
         start_size = self._active_size
         t0 = time.perf_counter()
         try:
-            view = memoryview(buf)
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
+            _write_all(self._fd, batch.records, batch.size)
             if self.sync:
                 os.fdatasync(self._fd)
         except OSError as e:
             # Undo the partial write so the segment stays a clean sequence of records.
             if e.errno == errno.ENOSPC:
-                log.error("wal: disk full while writing %d bytes; answering 503 until space returns", len(buf))
+                log.error("wal: disk full while writing %d bytes; answering 503 until space returns", batch.size)
             else:
                 log.error("wal: write failed: %s", e)
             try:
@@ -289,7 +305,7 @@ class WriteAheadLog:
             batch.error = e
             batch.done.set()
             return
-        self._active_size += len(buf)
+        self._active_size += batch.size
         self._active_records += batch.count
         if self.on_sync:
             self.on_sync(time.perf_counter() - t0, batch.count)

@@ -238,20 +238,21 @@ def test_a_single_record_bigger_than_the_cap_is_refused(open_wal):
 def test_disk_full_is_retryable_and_leaves_no_partial_record(open_wal, tmp_path, monkeypatch):
     w = open_wal()
     w.append(KIND_TRACES, b"before")
-    real_write = os.write
+    real_writev = os.writev
     state = {"armed": True, "calls": 0}
 
-    def flaky_write(fd, data):
-        # the WAL's own descriptor only: first write half the buffer, then ENOSPC
+    def flaky_writev(fd, buffers):
+        # the WAL's own descriptor only: first write half the bytes, then ENOSPC
         if fd == w._fd and state["armed"]:
             state["calls"] += 1
             if state["calls"] == 1:
-                return real_write(fd, bytes(data)[: len(data) // 2])
+                data = b"".join(bytes(b) for b in buffers)
+                return os.write(fd, data[: len(data) // 2])
             state["armed"] = False
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
-    monkeypatch.setattr(wal.os, "write", flaky_write)
+    monkeypatch.setattr(wal.os, "writev", flaky_writev)
     with pytest.raises(errors.Overloaded) as exc:
         w.append(KIND_TRACES, b"refused" * 100)
     assert exc.value.retry_after > 0
