@@ -2,7 +2,7 @@
 """Ingest benchmark for `nightshift collect`.
 
     python benchmarks/ingest.py [--seconds N] [--senders K] [--spans-per-request 512]
-                                [--transport http|grpc]
+                                [--transport http|grpc] [--peer phoenix]
 
 What it does, in one run:
 
@@ -21,6 +21,8 @@ What it does, in one run:
 4. Prints throughput (total, per collector core), sustained throughput to
    Parquet, ack latencies, RSS (receiver and flusher, sampled every 100 ms), and
    checks the Parquet row count against what was acknowledged.
+5. With `--peer phoenix`: afterwards, the same load against Arize Phoenix (own
+   virtualenv, see benchmarks/peer_phoenix.py), its figures next to Nightshift's.
 
 Progress goes to stderr; the report (plain text) to stdout.
 """
@@ -900,6 +902,11 @@ def main() -> int:
     ap.add_argument("--drain-timeout", type=float, default=300.0, help="max seconds to wait for Parquet to catch up")
     ap.add_argument("--dir", default=None, help="parent folder for the temp dir (its filesystem is what gets fsync'd)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (data, WAL, collector log)")
+    ap.add_argument("--peer", choices=("phoenix",), default=None,
+                    help="after the Nightshift phases, measure a peer with the same load (--seconds, --senders; "
+                         "phoenix: Arize Phoenix in its own venv, see benchmarks/peer_phoenix.py)")
+    ap.add_argument("--peer-persist-timeout", type=float, default=120.0,
+                    help="max seconds after the peer's load to wait for its spans to be persisted (default 120)")
     args = ap.parse_args()
     if args.senders < 1 or args.spans_per_request < 1 or args.templates < 1 or args.seconds <= 0:
         ap.error("--senders, --spans-per-request, --templates and --seconds must be positive")
@@ -1006,6 +1013,16 @@ def main() -> int:
         lf = pl.scan_parquet(pattern, hive_partitioning=True)
         stored = lf.select(pl.len()).collect().item()
         unique = lf.select(pl.struct("trace_id", "span_id").n_unique()).collect().item()
+
+        # --- peer, same load, after Nightshift is gone ------------------------------------
+        peer = None
+        if args.peer == "phoenix":
+            from peer_phoenix import report_lines, run_phoenix
+
+            log("peer: Arize Phoenix")
+            peer = run_phoenix(sys.modules[__name__], templates, senders=args.senders, seconds=args.seconds,
+                               spans_per_request=args.spans_per_request, secret_fraction=args.secret_fraction,
+                               persist_timeout=args.peer_persist_timeout, parent_dir=args.dir)
 
         # --- report ---------------------------------------------------------------------
         say()
@@ -1117,8 +1134,15 @@ def main() -> int:
             say(f"  WARNING: CPU used outside the benchmark (cores: {', '.join(noisy)}); the machine was not quiet, "
                 "throughput and latency are understated")
         say()
+        if peer is not None:
+            for line in report_lines(peer, {"ack_rate": full.rate, "sustained": sustained, "p50": pct(full.lat, 50),
+                                            "p99": pct(full.lat, 99), "rss_mib": a.max_sum, "refused": full.refused,
+                                            "spans_per_request": args.spans_per_request}):
+                say(line)
+            say()
         for line in PEERS:
-            say(line)
+            if peer is None or peer.skipped or "Phoenix" not in line:
+                say(line)
         print("\n".join(out), flush=True)
         ok = lost == 0 and dup == 0 and rc == 0
         return 0 if ok else 1
