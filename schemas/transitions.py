@@ -1,0 +1,72 @@
+"""The `transitions` dataset: one row per LLM call, a single-step RL sample.
+
+State: the input messages and the tools offered; action: the output message and
+its tool calls; reward: the trajectory's outcome, credit-assigned to this call.
+Written by `nightshift build` under `<data>/transitions/date=YYYY-MM-DD/`. Column
+names are a public contract: change them only with a new SCHEMA_VERSION.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from .common import TIMESTAMP, with_metadata
+
+NAME = "transitions"
+
+TOOL_CALL = pa.struct(
+    [
+        pa.field("id", pa.string()),
+        pa.field("name", pa.string()),
+        pa.field("arguments", pa.string()),  # JSON text, as the model produced it
+    ]
+)
+
+MESSAGE = pa.struct(
+    [
+        pa.field("role", pa.string()),  # system | user | assistant | tool | ...
+        pa.field("content", pa.string()),  # text; null when the turn is only tool calls
+        pa.field("name", pa.string()),
+        pa.field("tool_calls", pa.list_(TOOL_CALL)),
+        pa.field("tool_call_id", pa.string()),  # on role=tool: which call this answers
+    ]
+)
+
+SCHEMA = with_metadata(
+    pa.schema(
+        [
+            pa.field("transition_id", pa.string(), nullable=False),  # deterministic: hash of trace and span id
+            pa.field("trace_id", pa.string(), nullable=False),
+            pa.field("span_id", pa.string(), nullable=False),
+            pa.field("trajectory_id", pa.string(), nullable=False),
+            pa.field("group_id", pa.string()),
+            pa.field("step", pa.int32()),  # 0-based position in the trajectory
+            pa.field("num_steps", pa.int32()),
+            pa.field("agent_name", pa.string()),
+            pa.field("service_name", pa.string()),
+            pa.field("model", pa.string()),
+            pa.field("provider", pa.string()),
+            pa.field("input_messages", pa.list_(MESSAGE)),
+            pa.field("output_message", MESSAGE),
+            pa.field("tools", pa.string()),  # JSON array of tool definitions
+            pa.field("finish_reason", pa.string()),  # normalized: stop, length, tool_call, content_filter, error
+            pa.field("prompt_token_ids", pa.list_(pa.int32())),
+            pa.field("completion_token_ids", pa.list_(pa.int32())),
+            pa.field("completion_logprobs", pa.list_(pa.float32())),
+            pa.field("input_tokens", pa.int64()),
+            pa.field("output_tokens", pa.int64()),
+            pa.field("reward", pa.float64()),
+            pa.field("reward_source", pa.string()),
+            pa.field("return", pa.float64()),
+            pa.field("advantage", pa.float64()),
+            pa.field("start_time", TIMESTAMP),
+            pa.field("end_time", TIMESTAMP),
+            pa.field("convention", pa.string()),  # which instrumentation layout the row was read from
+            pa.field("truncated", pa.bool_()),  # the span says attributes were dropped
+            pa.field("schema_version", pa.string()),
+        ]
+    ),
+    NAME,
+)
+
+KEY = ("transition_id",)
