@@ -1,0 +1,192 @@
+"""Readers that recover one LLM call from a span's attributes, one per
+instrumentation layout. Each takes the span's attributes as a plain `{key: value}`
+dict and returns a `Call`, or None when the layout is not there.
+
+Layouts: OpenTelemetry GenAI JSON attributes (semconv >= 1.37, also OpenLLMetry
+>= 0.55), OpenInference's flattened `llm.*_messages.{i}.message.*`, and
+OpenLLMetry's older `gen_ai.prompt.{i}.*` / `gen_ai.completion.{i}.*` (what Agent
+Lightning 0.x reads). Log-event layouts and span-kind detection come later.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .messages import (
+    MessageError,
+    arguments_json,
+    from_genai_messages,
+    from_openai_messages,
+    from_system_instructions,
+    message,
+    normalize_finish_reason,
+)
+
+
+@dataclass
+class Call:
+    convention: str
+    input_messages: list[dict] = field(default_factory=list)
+    output_message: dict | None = None
+    tools: list[Any] = field(default_factory=list)
+    finish_reason: str | None = None
+    problems: list[str] = field(default_factory=list)  # why a row is flagged
+
+    def tools_json(self) -> str | None:
+        return json.dumps(self.tools, ensure_ascii=False, separators=(",", ":")) if self.tools else None
+
+
+_INDEXED = re.compile(r"^(\d+)\.(.+)$")
+
+
+def indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """`prefix.0.a`, `prefix.0.b.c`, `prefix.1.a` -> `[{"a", "b.c"}, {"a"}]`, in index
+    order; gaps (indices the SDK dropped) are skipped."""
+    groups: dict[int, dict[str, Any]] = {}
+    p = prefix + "."
+    for key, value in attrs.items():
+        if key.startswith(p):
+            m = _INDEXED.match(key[len(p):])
+            if m:
+                groups.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    return [groups[i] for i in sorted(groups)]
+
+
+def _output_one(msgs: list[dict]) -> dict | None:
+    """The first choice's message (several `tool` turns can't be an output)."""
+    return msgs[0] if msgs else None
+
+
+# --- OpenTelemetry GenAI JSON attributes -------------------------------------------------
+
+
+def read_genai(attrs: dict[str, Any]) -> Call | None:
+    if "gen_ai.input.messages" not in attrs and "gen_ai.output.messages" not in attrs:
+        return None
+    call = Call("otel_genai")
+    try:
+        system = attrs.get("gen_ai.system_instructions")
+        if system is not None:
+            s = from_system_instructions(system)
+            if s is not None:
+                call.input_messages.append(s)
+        if "gen_ai.input.messages" in attrs:
+            call.input_messages += from_genai_messages(attrs["gen_ai.input.messages"])
+    except MessageError as e:
+        call.problems.append(f"input messages: {e}")
+    try:
+        out = attrs.get("gen_ai.output.messages")
+        if out is not None:
+            raw = json.loads(out) if isinstance(out, str) else out
+            call.output_message = _output_one(from_genai_messages(raw))
+            if isinstance(raw, list) and raw and isinstance(raw[0], dict):
+                call.finish_reason = normalize_finish_reason(raw[0].get("finish_reason"))
+    except (MessageError, json.JSONDecodeError) as e:
+        call.problems.append(f"output messages: {e}")
+    call.finish_reason = call.finish_reason or normalize_finish_reason(attrs.get("gen_ai.response.finish_reasons"))
+    tools = attrs.get("gen_ai.tool.definitions")
+    if tools is not None:
+        try:
+            doc = json.loads(tools) if isinstance(tools, str) else tools
+            call.tools = doc if isinstance(doc, list) else [doc]
+        except json.JSONDecodeError as e:
+            call.problems.append(f"tool definitions: {e}")
+    return call
+
+
+# --- OpenInference -------------------------------------------------------------------------
+
+
+def _oi_message(d: dict[str, Any]) -> dict:
+    calls = [
+        {"id": c.get("tool_call.id"), "name": c.get("tool_call.function.name"),
+         "arguments": arguments_json(c.get("tool_call.function.arguments"))}
+        for c in indexed(d, "message.tool_calls")
+    ]
+    content = d.get("message.content")
+    if content is None:  # ordered multi-part contents
+        texts = [c.get("message_content.text") for c in indexed(d, "message.contents")
+                 if c.get("message_content.type", "text") == "text" and c.get("message_content.text") is not None]
+        content = "".join(texts) if texts else None
+    return message(str(d.get("message.role", "")), content, name=d.get("message.name"), tool_calls=calls,
+                   tool_call_id=d.get("message.tool_call_id"))
+
+
+def read_openinference(attrs: dict[str, Any]) -> Call | None:
+    ins = indexed(attrs, "llm.input_messages")
+    outs = indexed(attrs, "llm.output_messages")
+    if not ins and not outs and "input.value" not in attrs:
+        return None
+    if not ins and not outs and attrs.get("openinference.span.kind") != "LLM":
+        return None
+    call = Call("openinference")
+    call.input_messages = [_oi_message(d) for d in ins]
+    call.output_message = _oi_message(outs[0]) if outs else None
+    if not ins and "input.value" in attrs:  # messages hidden or dropped: the raw request
+        try:
+            req = json.loads(attrs["input.value"])
+            call.input_messages = from_openai_messages(req.get("messages", []))
+        except (json.JSONDecodeError, AttributeError, MessageError) as e:
+            call.problems.append(f"input.value: {e}")
+    if call.output_message is None and "output.value" in attrs:
+        try:
+            resp = json.loads(attrs["output.value"])
+            choice = (resp.get("choices") or [{}])[0]
+            call.output_message = from_openai_messages([choice["message"]])[0]
+            call.finish_reason = normalize_finish_reason(choice.get("finish_reason"))
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, IndexError, MessageError) as e:
+            call.problems.append(f"output.value: {e}")
+    for t in indexed(attrs, "llm.tools"):
+        schema = t.get("tool.json_schema")
+        try:
+            call.tools.append(json.loads(schema) if isinstance(schema, str) else schema)
+        except json.JSONDecodeError as e:
+            call.problems.append(f"tool schema: {e}")
+    call.finish_reason = call.finish_reason or normalize_finish_reason(attrs.get("llm.finish_reason"))
+    return call
+
+
+# --- OpenLLMetry before 0.55 (and Agent Lightning 0.x's reader) ------------------------------
+
+
+def _ollm_message(d: dict[str, Any]) -> dict:
+    calls = [{"id": c.get("id"), "name": c.get("name"), "arguments": arguments_json(c.get("arguments"))}
+             for c in indexed(d, "tool_calls")]
+    return message(str(d.get("role", "")), d.get("content"), name=d.get("name"), tool_calls=calls,
+                   tool_call_id=d.get("tool_call_id"))
+
+
+def read_openllmetry_legacy(attrs: dict[str, Any]) -> Call | None:
+    prompts = indexed(attrs, "gen_ai.prompt")
+    completions = indexed(attrs, "gen_ai.completion")
+    if not prompts and not completions:
+        return None
+    call = Call("openllmetry_legacy")
+    call.input_messages = [_ollm_message(d) for d in prompts]
+    if completions:
+        call.output_message = _ollm_message(completions[0])
+        call.finish_reason = normalize_finish_reason(completions[0].get("finish_reason"))
+    for f in indexed(attrs, "llm.request.functions"):
+        params = f.get("parameters")
+        try:
+            params = json.loads(params) if isinstance(params, str) else params
+        except json.JSONDecodeError:
+            call.problems.append(f"function {f.get('name')!r}: parameters are not JSON")
+        call.tools.append({"type": "function", "name": f.get("name"), "description": f.get("description"),
+                           "parameters": params})
+    return call
+
+
+#: Tried in order; the first layout present wins.
+READERS: tuple[Callable[[dict[str, Any]], Call | None], ...] = (read_genai, read_openinference, read_openllmetry_legacy)
+
+
+def read_call(attrs: dict[str, Any]) -> Call | None:
+    for reader in READERS:
+        call = reader(attrs)
+        if call is not None:
+            return call
+    return None
