@@ -107,3 +107,36 @@ def test_bad_content_is_flagged_not_fatal():
 
 def test_spans_without_any_llm_layout_give_nothing():
     assert read_call({"http.method": "GET", "gen_ai.operation.name": "invoke_agent"}) is None
+
+
+def test_legacy_per_message_log_events():
+    from nightshift.transform.conventions import read_events
+
+    events = [
+        {"event_name": "gen_ai.system.message", "body": {"content": "You are terse."}},
+        {"event_name": "gen_ai.user.message", "body": {"content": "2+2?"}},
+        {"event_name": "gen_ai.assistant.message", "body": {"tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expr":"2+2"}'}}]}},
+        {"event_name": "gen_ai.tool.message", "body": {"content": "4", "id": "c1"}},
+        {"event_name": "gen_ai.choice", "body": {"index": 0, "finish_reason": "stop", "message": {"content": "4", "role": "assistant"}}},
+        {"event_name": "gen_ai.choice", "body": {"index": 1, "finish_reason": "stop", "message": {"content": "four"}}},
+    ]
+    call = read_events(events)
+    assert call.convention == "otel_genai_events_legacy" and not call.problems
+    assert call.input_messages == EXPECTED_INPUT
+    assert call.output_message == EXPECTED_OUTPUT  # the first choice, not the second
+    assert call.finish_reason == "stop"
+
+
+def test_operation_details_event_with_structured_values():
+    from nightshift.transform.conventions import read_events
+
+    events = [{"event_name": "gen_ai.client.inference.operation.details", "body": None, "attributes": {
+        "gen_ai.input.messages": [{"role": "user", "parts": [{"type": "text", "content": "2+2?"}]}],
+        "gen_ai.output.messages": [{"role": "assistant", "parts": [{"type": "text", "content": "4"}], "finish_reason": "stop"}],
+    }}]
+    call = read_events(events)
+    assert call.convention == "otel_genai_event"
+    assert [m["content"] for m in call.input_messages] == ["2+2?"]
+    assert call.output_message == EXPECTED_OUTPUT and call.finish_reason == "stop"
+    assert read_events([{"event_name": "something.else", "body": "x"}]) is None

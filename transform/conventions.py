@@ -190,3 +190,59 @@ def read_call(attrs: dict[str, Any]) -> Call | None:
         if call is not None:
             return call
     return None
+
+
+# --- GenAI log events, joined to their span by trace and span id -------------------------
+#
+# Each event is `{"event_name": str, "body": <python value>, "attributes": {key: value}}`,
+# in the order the producer emitted them (time, then arrival).
+
+_ROLE_EVENTS = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+
+
+def read_events(events: list[dict[str, Any]]) -> Call | None:
+    """The newer single `gen_ai.client.inference.operation.details` event (structured
+    messages in its attributes or body), else the older per-message events
+    (`gen_ai.user.message`, ..., `gen_ai.choice`)."""
+    for ev in events:
+        if ev.get("event_name") == DETAILS_EVENT:
+            attrs = dict(ev.get("attributes") or {})
+            if isinstance(ev.get("body"), dict):  # some producers put the fields in the body
+                attrs = {**ev["body"], **attrs}
+            call = read_genai(attrs)
+            if call is not None:
+                call.convention = "otel_genai_event"
+                return call
+    legacy = [ev for ev in events if ev.get("event_name") in _ROLE_EVENTS or ev.get("event_name") == "gen_ai.choice"]
+    if not legacy:
+        return None
+    call = Call("otel_genai_events_legacy")
+    for ev in legacy:
+        name, body = ev["event_name"], ev.get("body")
+        if not isinstance(body, dict):
+            body = {"content": body}
+        try:
+            if name == "gen_ai.choice":
+                if int(body.get("index", 0) or 0) != 0:
+                    continue  # the first choice is the action taken
+                msg = dict(body.get("message") or {})
+                msg.setdefault("role", "assistant")
+                if body.get("tool_calls") and not msg.get("tool_calls"):
+                    msg["tool_calls"] = body["tool_calls"]
+                call.output_message = from_openai_messages([msg])[0]
+                call.finish_reason = normalize_finish_reason(body.get("finish_reason"))
+            else:
+                msg = dict(body)
+                msg["role"] = msg.get("role") or _ROLE_EVENTS[name]
+                if msg["role"] == "tool" and "tool_call_id" not in msg:
+                    msg["tool_call_id"] = msg.get("id")
+                call.input_messages.append(from_openai_messages([msg])[0])
+        except MessageError as e:
+            call.problems.append(f"{name}: {e}")
+    return call
