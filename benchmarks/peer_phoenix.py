@@ -599,7 +599,7 @@ def report_lines(res: PhoenixResult, ns: dict | None = None) -> list[str]:
         return out
     out.append(f"peer, measured in this run: Arize Phoenix {res.version} (venv {res.venv}"
                + (f", installed now in {res.install_s:.0f} s" if res.installed_now else "") + ")")
-    out.append(f"  OTLP/HTTP application/x-protobuf to /v1/traces; storage SQLite (phoenix.db in a temp PHOENIX_WORKING_DIR "
+    out.append("  OTLP/HTTP application/x-protobuf to /v1/traces; storage SQLite (phoenix.db in a temp PHOENIX_WORKING_DIR "
                "on the same filesystem)")
     if res.error:
         out.append(f"  FAILED: {res.error.splitlines()[0]}")

@@ -19,7 +19,6 @@ retry window is about 10 s); `nightshift ingest` keeps whole partitions.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import uuid
@@ -33,8 +32,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.schemas import DATASETS
-
-log = logging.getLogger("nightshift.collector.datasets")
 
 EVICT_AFTER_S = 900.0
 

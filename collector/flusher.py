@@ -29,7 +29,7 @@ log = logging.getLogger("nightshift.collector.flusher")
 #: segment size (each chunk becomes a row group of the segment's file).
 CHUNK_BYTES = 8 << 20
 
-from .flusher_stats import DUPLICATES, ERRORS, LAST_FLUSH_S, LOGS, NSTATS, OLDEST_PENDING_NS, SEGMENTS, SPANS  # noqa: F401
+from .flusher_stats import DUPLICATES, ERRORS, LAST_FLUSH_S, LOGS, OLDEST_PENDING_NS, SEGMENTS, SPANS
 
 
 @dataclass

@@ -19,9 +19,7 @@ from google.protobuf.message import Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 # A value that decodes to one byte: the validator then rejects the record for a
@@ -198,7 +196,4 @@ def encode(message: Message) -> bytes:
     return json.dumps(_b64_ids_to_hex(d), separators=(",", ":")).encode()
 
 
-# Resource and InstrumentationScope are imported so their descriptors are loaded
-# for `ParseDict` on nested messages; keep the names referenced.
-__all__ = ["Decoded", "JsonDecodeError", "DECODERS", "decode_logs", "decode_metrics", "decode_traces", "encode",
-           "Resource", "InstrumentationScope"]
+__all__ = ["Decoded", "JsonDecodeError", "DECODERS", "decode_logs", "decode_metrics", "decode_traces", "encode"]

@@ -9,13 +9,10 @@ hold a match are walked; the walk applies the exact patterns value by value.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
 
 from .screen import compile_screen
-
-log = logging.getLogger("nightshift.collector.redact")
 
 
 def _luhn_ok(digits: str) -> bool:

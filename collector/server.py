@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import flusher_stats as flusher, grpc_server, http_server, wal
+from . import flusher_stats, grpc_server, http_server, wal
 from .config import CollectorConfig
 from .metrics import Metrics
 from .pipeline import Pipeline
@@ -44,7 +44,7 @@ class Collector:
         self._stop = threading.Event()
         self._ctx = mp.get_context("spawn")
         self._flusher_stop = self._ctx.Event()
-        self._stats = self._ctx.Array("d", flusher.NSTATS, lock=False)
+        self._stats = self._ctx.Array("d", flusher_stats.NSTATS, lock=False)
         self._flusher: mp.process.BaseProcess | None = None
         self._lockfile = None
 
@@ -52,7 +52,7 @@ class Collector:
 
     def _start_flusher(self) -> None:
         self._flusher = self._ctx.Process(
-            target=flusher.run_flusher,
+            target=flusher_stats.run_flusher,
             args=(str(self.wal_dir), self.cfg.data, self.cfg.storage_options, self._flusher_stop, self._stats, os.getpid()),
             kwargs={"log_level": logging.getLogger().level, "dedup_window": self.cfg.dedup_window},
             name="nightshift-flusher",
@@ -62,7 +62,6 @@ class Collector:
         log.info("flusher started (pid %d)", self._flusher.pid)
 
     def _health(self) -> tuple[bool, dict]:
-        self._refresh_gauges()
         info = {
             "status": "ok" if self.ready else "unavailable",
             "wal_bytes": self.log.bytes_on_disk,
@@ -74,12 +73,12 @@ class Collector:
     def _refresh_gauges(self) -> None:
         m, s = self.metrics, self._stats
         m.wal_bytes.set(self.log.bytes_on_disk)
-        oldest = s[flusher.OLDEST_PENDING_NS]
+        oldest = s[flusher_stats.OLDEST_PENDING_NS]
         m.flush_lag.set(max(0.0, time.time() - oldest / 1e9) if oldest else 0.0)
-        m.flushed.labels("traces").set(s[flusher.SPANS])
-        m.flushed.labels("logs").set(s[flusher.LOGS])
-        m.duplicates.set(s[flusher.DUPLICATES])
-        m.flush_errors.set(s[flusher.ERRORS])
+        m.flushed.labels("traces").set(s[flusher_stats.SPANS])
+        m.flushed.labels("logs").set(s[flusher_stats.LOGS])
+        m.duplicates.set(s[flusher_stats.DUPLICATES])
+        m.flush_errors.set(s[flusher_stats.ERRORS])
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -165,7 +164,7 @@ class Collector:
         left = sum(p.stat().st_size for p in wal.sealed_segments(self.wal_dir))
         s = self._stats
         log.info("stopped: %d spans and %d log records written to Parquet this run, %d duplicates dropped%s",
-                 s[flusher.SPANS], s[flusher.LOGS], s[flusher.DUPLICATES],
+                 s[flusher_stats.SPANS], s[flusher_stats.LOGS], s[flusher_stats.DUPLICATES],
                  f"; {left} bytes left in the WAL for next start" if left else "")
         return 0
 

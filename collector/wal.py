@@ -15,6 +15,7 @@ u8 kind, u64 receive time (ns), payload.
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import os
 import struct
@@ -23,7 +24,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from .errors import Overloaded
 
@@ -58,36 +59,37 @@ def encode_record(kind: int, received_ns: int, payload: bytes) -> bytes:
     return record_header(kind, received_ns, payload) + payload
 
 
+def _records(f: BinaryIO) -> Iterator[tuple[int, int, bytes, int]]:
+    """The one reader of the record format: (kind, received_ns, payload, offset just
+    past the record) for each intact record, stopping at the first torn or corrupt one."""
+    if f.read(len(MAGIC)) != MAGIC:
+        return
+    pos = len(MAGIC)
+    while True:
+        head = f.read(HEADER.size)
+        if len(head) < HEADER.size:
+            return
+        length, crc, kind, received = HEADER.unpack(head)
+        payload = f.read(length)
+        if len(payload) < length or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
+            return
+        pos += HEADER.size + length
+        yield kind, received, payload, pos
+
+
 def _scan(data: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
     """Records in a segment's bytes and the offset just past the last good one."""
-    out = []
-    if not data.startswith(MAGIC):
-        return out, 0
-    pos = len(MAGIC)
-    while pos + HEADER.size <= len(data):
-        length, crc, kind, received = HEADER.unpack_from(data, pos)
-        end = pos + HEADER.size + length
-        if end > len(data) or zlib.crc32(memoryview(data)[pos + 8 : end]) != crc:
-            break
-        out.append((kind, received, data[pos + HEADER.size : end]))
-        pos = end
-    return out, pos
+    out, good = [], (len(MAGIC) if data.startswith(MAGIC) else 0)
+    for kind, received, payload, good in _records(io.BytesIO(data)):
+        out.append((kind, received, payload))
+    return out, good
 
 
 def read_segment(path: Path) -> Iterator[tuple[int, int, bytes]]:
     """(kind, received_ns, payload) for every intact record of a segment, read one
     record at a time so the reader holds one record, not the segment."""
     with open(path, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            return
-        while True:
-            head = f.read(HEADER.size)
-            if len(head) < HEADER.size:
-                return
-            length, crc, kind, received = HEADER.unpack(head)
-            payload = f.read(length)
-            if len(payload) < length or zlib.crc32(head[8:] + payload) != crc:
-                return
+        for kind, received, payload, _ in _records(f):
             yield kind, received, payload
 
 
@@ -105,18 +107,23 @@ def recover(directory: Path) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     highest = 0
     for p in sorted(directory.glob("*" + ACTIVE), key=segment_id):
-        data = p.read_bytes()
-        records, good = _scan(data)
-        if good < len(data):
-            log.warning("wal: %s had %d torn or corrupt trailing bytes (never acknowledged); cut", p.name, len(data) - good)
-        if not records:
+        count = 0
+        with open(p, "rb") as f:
+            good = len(MAGIC) if f.read(len(MAGIC)) == MAGIC else 0
+            f.seek(0)
+            for *_, good in _records(f):
+                count += 1
+        size = p.stat().st_size
+        if good < size:
+            log.warning("wal: %s had %d torn or corrupt trailing bytes (never acknowledged); cut", p.name, size - good)
+        if not count:
             p.unlink()
             continue
         with open(p, "r+b") as f:
             f.truncate(good)
             os.fsync(f.fileno())
         p.rename(p.with_suffix(SEALED))
-        log.info("wal: recovered %s with %d acknowledged records", p.name, len(records))
+        log.info("wal: recovered %s with %d acknowledged records", p.name, count)
     _fsync_dir(directory)
     for p in directory.iterdir():
         try:

@@ -129,19 +129,18 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
-def read_spans(data: Path):
+def read_dataset(data: Path, name: str):
+    """A dataset the way users read it (hive partitions), empty if nothing was written."""
     import polars as pl
 
-    files = list((data / "spans").glob("**/*.parquet"))
-    if not files:
+    if not list((data / name).glob("**/*.parquet")):
         return pl.DataFrame()
-    return pl.read_parquet(str(data / "spans" / "**" / "*.parquet"), hive_partitioning=True)
+    return pl.read_parquet(str(data / name / "**" / "*.parquet"), hive_partitioning=True)
+
+
+def read_spans(data: Path):
+    return read_dataset(data, "spans")
 
 
 def read_logs(data: Path):
-    import polars as pl
-
-    files = list((data / "logs").glob("**/*.parquet"))
-    if not files:
-        return pl.DataFrame()
-    return pl.read_parquet(str(data / "logs" / "**" / "*.parquet"), hive_partitioning=True)
+    return read_dataset(data, "logs")

@@ -6,7 +6,6 @@ import datetime
 import json
 
 import grpc
-import polars as pl
 import pytest
 
 from conftest import read_logs, read_spans
@@ -83,7 +82,7 @@ def test_redacted_values_never_touch_the_disk(collector_factory, tmp_path):
     )
     c = collector_factory(extra_args=["--config", str(cfg)]).start()
     secrets = ["alice@example.com", "sk-proj-AbCdEfGhIjKlMnOpQrSt1234", "4111 1111 1111 1111", "TICKET-123456", "hunter2-password"]
-    req, ids = make_request(1, content=f"mail alice@example.com key sk-proj-AbCdEfGhIjKlMnOpQrSt1234 card 4111 1111 1111 1111 TICKET-123456 keepme-marker")
+    req, ids = make_request(1, content="mail alice@example.com key sk-proj-AbCdEfGhIjKlMnOpQrSt1234 card 4111 1111 1111 1111 TICKET-123456 keepme-marker")
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
     span = req.resource_spans[0].scope_spans[0].spans[0]
     span.attributes.append(KeyValue(key="user.password", value=AnyValue(string_value="hunter2-password")))
