@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(s)
     s.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
     s.set_defaults(func=cmd_show)
+
+    from .build_cmd import add_build
+
+    add_build(sub, common)
     return p
 
 

@@ -4,9 +4,9 @@ Each dataset module exposes `NAME`, `SCHEMA` (with the version in its metadata)
 and `KEY` (the columns that identify a row; the collector stores each key once).
 """
 
-from . import logs, spans, transitions
+from . import feedback, logs, spans, transitions
 from .common import ANY_VALUE, ATTRIBUTE, ATTRIBUTES, SCHEMA_VERSION, attr
 
-DATASETS = {spans.NAME: spans, logs.NAME: logs, transitions.NAME: transitions}
+DATASETS = {spans.NAME: spans, logs.NAME: logs, feedback.NAME: feedback, transitions.NAME: transitions}
 
-__all__ = ["ANY_VALUE", "ATTRIBUTE", "ATTRIBUTES", "DATASETS", "SCHEMA_VERSION", "attr", "logs", "spans", "transitions"]
+__all__ = ["ANY_VALUE", "ATTRIBUTE", "ATTRIBUTES", "DATASETS", "SCHEMA_VERSION", "attr", "feedback", "logs", "spans", "transitions"]

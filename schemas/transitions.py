@@ -63,6 +63,8 @@ SCHEMA = with_metadata(
             pa.field("end_time", TIMESTAMP),
             pa.field("convention", pa.string()),  # which instrumentation layout the row was read from
             pa.field("truncated", pa.bool_()),  # the span says attributes were dropped
+            pa.field("weight", pa.float64()),  # 1/calls of its trajectory (or 1): each trajectory counts once
+            pa.field("flags", pa.list_(pa.string())),  # why the row is suspect: content_missing, clock_skew, ...
             pa.field("schema_version", pa.string()),
         ]
     ),

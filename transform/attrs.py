@@ -1,0 +1,106 @@
+"""Span attributes out of Arrow: as plain dicts for the few spans read in Python,
+and as columns (vectorized) for the decisions taken on every span.
+
+Reading every span's attributes in Python would cost more than the rest of the
+build together, so only LLM calls, agents and reward carriers are read that way;
+which spans those are is decided in Polars on the keys alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+
+def _value(t: str | None, s, i, d, b, j, by) -> Any:
+    if t == "string":
+        return s
+    if t == "int":
+        return i
+    if t == "double":
+        return d
+    if t == "bool":
+        return b
+    if t in ("array", "kvlist"):
+        try:
+            return json.loads(j) if j is not None else None
+        except json.JSONDecodeError:
+            return j
+    if t == "bytes":
+        return by
+    return None
+
+
+def to_dicts(column: pa.Array | pa.ChunkedArray) -> list[dict[str, Any]]:
+    """A list<struct{key, value: ANY_VALUE}> column as one `{key: python value}` per
+    row (arrays and kvlists decoded from their JSON); nulls become `{}`."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    n = len(column)
+    if n == 0:
+        return []
+    offsets = column.offsets.to_pylist()
+    base = offsets[0]
+    flat = column.values.slice(base, offsets[-1] - base)
+    keys = flat.field("key").to_pylist()
+    v = flat.field("value")
+    cols = [v.field(f).to_pylist() for f in ("type", "string_value", "int_value", "double_value", "bool_value",
+                                             "json_value", "bytes_value")]
+    values = [_value(*row) for row in zip(*cols)]
+    out: list[dict[str, Any]] = []
+    for r in range(n):
+        a, b = offsets[r] - base, offsets[r + 1] - base
+        out.append(dict(zip(keys[a:b], values[a:b])))
+    return out
+
+
+def long_form(df: pl.DataFrame, keep: pl.Expr, column: str = "attributes") -> pl.DataFrame:
+    """`row, key, text, number` for the attributes whose key passes `keep` (an
+    expression on `pl.col("key")`): `text` is the value as text (JSON for arrays),
+    `number` its numeric value where it has one. Keys are filtered before values
+    are touched, so long prompts are never copied."""
+    v = pl.col("value")
+    return (
+        df.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), pl.col(column))
+        .explode(column)
+        .filter(pl.col(column).is_not_null())
+        .select("row", pl.col(column).struct.field("key").alias("key"), pl.col(column).struct.field("value").alias("value"))
+        .filter(keep)
+        .select(
+            "row",
+            "key",
+            pl.coalesce(
+                v.struct.field("string_value"),
+                v.struct.field("int_value").cast(pl.String),
+                v.struct.field("double_value").cast(pl.String),
+                v.struct.field("bool_value").cast(pl.String),
+                v.struct.field("json_value"),
+            ).alias("text"),
+            pl.coalesce(
+                v.struct.field("double_value"),
+                v.struct.field("int_value").cast(pl.Float64),
+                v.struct.field("bool_value").cast(pl.Float64),
+                v.struct.field("string_value").cast(pl.Float64, strict=False),
+            ).alias("number"),
+        )
+    )
+
+
+def first_of(long: pl.DataFrame, n_rows: int, columns: dict[str, tuple[str, ...]], what: str = "text") -> pl.DataFrame:
+    """One column per entry of `columns` (name -> keys, first present wins), `n_rows`
+    long, null where none of the keys is there."""
+    out = pl.DataFrame({"row": pl.arange(0, n_rows, dtype=pl.UInt32, eager=True)})
+    for name, keys in columns.items():
+        prio = {k: i for i, k in enumerate(keys)}
+        hit = (
+            long.filter(pl.col("key").is_in(list(keys)))
+            .with_columns(pl.col("key").replace_strict(prio, return_dtype=pl.Int32).alias("_p"))
+            .sort("row", "_p")
+            .group_by("row", maintain_order=True)
+            .agg(pl.col(what).first().alias(name))
+        )
+        out = out.join(hit, on="row", how="left")
+    return out.sort("row")

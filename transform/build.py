@@ -1,0 +1,531 @@
+"""`nightshift build`: spans (+ GenAI log events, + feedback) -> transitions.
+
+receiver -> log -> spans/ ──▶ read (by trace bucket) -> calls -> trajectories ->
+rewards -> credit -> advantages -> transitions/ (one partition per date, replaced
+whole).
+
+Spans are read in buckets of traces (a hash of the trace id), so memory is bounded
+by `memory_budget`, not by the window: with more data than the budget, a first pass
+splits the window's spans into bucket files, and each bucket holds whole traces.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nightshift.schemas import SCHEMA_VERSION, transitions
+
+from . import attrs as A
+from . import calls as C
+from . import credit, output
+from .config import TransformConfig
+from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
+
+log = logging.getLogger("nightshift.transform")
+
+SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
+                "service_name", "gen_ai_operation_name", "gen_ai_agent_name", "gen_ai_conversation_id",
+                "attributes", "events", "dropped_attributes_count"]
+#: Arrow bytes in memory per byte of compressed Parquet, to size buckets.
+EXPANSION = 4
+
+
+class BuildError(RuntimeError):
+    """Nothing to build from, or settings that cannot work (a clear message)."""
+
+
+@dataclass
+class Summary:
+    spans: int = 0
+    trajectories: int = 0
+    transitions: int = 0
+    waiting: int = 0  # not settled yet: built by a later run
+    outside_window: int = 0
+    unrated: int = 0
+    rewards_by_source: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    reward_errors: int = 0  # user reward functions that raised
+    bad_rewards: int = 0  # reward values that were not finite numbers
+    dropped_by_agent: int = 0
+    duplicates: int = 0
+    flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    content_missing: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    partitions: list[str] = field(default_factory=list)
+    buckets: int = 1
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        out = [
+            f"transitions: {self.transitions} rows from {self.trajectories} trajectories "
+            f"({self.spans} spans, {self.seconds:.1f} s, {self.buckets} bucket(s))",
+            f"partitions written: {', '.join(self.partitions) or 'none'}",
+        ]
+        if self.rewards_by_source:
+            out.append("rewards by source: " + ", ".join(f"{k} {v}" for k, v in sorted(self.rewards_by_source.items())))
+        out.append(f"trajectories without a reward: {self.unrated}")
+        if self.waiting:
+            out.append(f"trajectories waiting to settle (next run): {self.waiting}")
+        if self.outside_window:
+            out.append(f"trajectories starting outside --since/--until: {self.outside_window}")
+        if self.dropped_by_agent:
+            out.append(f"rows left out by agent selection: {self.dropped_by_agent}")
+        if self.duplicates:
+            out.append(f"spans recording a call already seen (double instrumentation): {self.duplicates}")
+        if self.bad_rewards:
+            out.append(f"reward values ignored (not finite numbers): {self.bad_rewards}")
+        if self.reward_errors:
+            out.append(f"trajectories whose reward function raised: {self.reward_errors}")
+        for flag, n in sorted(self.flagged.items()):
+            out.append(f"rows flagged {flag}: {n}")
+        for conv, n in sorted(self.content_missing.items()):
+            out.append(f"rows without content ({conv}): {n}; capture was off, turn it on with {C.CAPTURE_HINTS.get(conv, C.CAPTURE_HINTS['unknown'])}")
+        return out
+
+
+def _day(value: str, what: str) -> dt.date | None:
+    if not value:
+        return None
+    try:
+        return dt.date.fromisoformat(value[:10])
+    except ValueError:
+        raise BuildError(f"{what} must be a date YYYY-MM-DD, got {value!r}") from None
+
+
+def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None) -> tuple[dict[str, list[tuple[str, int]]], int]:
+    """Span files by date partition, within [since, until + 1 day] (the extra day
+    finishes trajectories that cross midnight), and their total size."""
+    base = f"{root}/spans"
+    if not fs.exists(base):
+        raise BuildError(f"no spans dataset at {base}: run `nightshift collect` (or `nightshift ingest`) first")
+    out: dict[str, list[tuple[str, int]]] = {}
+    total = 0
+    for entry in sorted(fs.ls(base, detail=True), key=lambda e: e["name"]):
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        if entry["type"] != "directory" or not name.startswith("date="):
+            continue
+        day = _day(name[5:], "partition")
+        if (since and day < since) or (until and day > until + dt.timedelta(days=1)):
+            continue
+        files = [(f["name"], int(f.get("size") or 0)) for f in fs.ls(entry["name"], detail=True)
+                 if f["type"] == "file" and f["name"].endswith(".parquet")]
+        if files:
+            out[name[5:]] = sorted(files)
+            total += sum(s for _, s in files)
+    return out, total
+
+
+def _read(fs, paths: list[str], columns: list[str]) -> pl.DataFrame:
+    tables = []
+    for p in paths:
+        with fs.open(p, "rb") as fh:
+            t = pq.read_table(fh, columns=[c for c in columns if c in pq.read_schema(fh).names])
+        tables.append(t)
+    if not tables:
+        return pl.DataFrame()
+    return pl.from_arrow(pa.concat_tables(tables, promote_options="default"))
+
+
+def _bucket_of(trace: pl.Expr, buckets: int) -> pl.Expr:
+    return (trace.hash(seed=7) % buckets).cast(pl.Int64)
+
+
+def _split(fs, files: list[str], buckets: int, tmp: str) -> list[str]:
+    """First pass when the window exceeds the budget: each span file's rows go to
+    the bucket file of their trace (only the columns the build reads)."""
+    writers: dict[int, pq.ParquetWriter] = {}
+    paths = [os.path.join(tmp, f"bucket-{b:04d}.parquet") for b in range(buckets)]
+    try:
+        for p in files:
+            with fs.open(p, "rb") as fh:
+                pf = pq.ParquetFile(fh)
+                cols = [c for c in SPAN_COLUMNS if c in pf.schema_arrow.names]
+                for batch in pf.iter_batches(batch_size=65536, columns=cols):
+                    df = pl.from_arrow(pa.Table.from_batches([batch]))
+                    df = df.with_columns(_bucket_of(pl.col("trace_id"), buckets).alias("_b"))
+                    for (b,), part in df.partition_by("_b", as_dict=True).items():
+                        t = part.drop("_b").to_arrow()
+                        if b not in writers:
+                            writers[b] = pq.ParquetWriter(paths[b], t.schema, compression="lz4")
+                        writers[b].write_table(t.cast(writers[b].schema))
+    finally:
+        for w in writers.values():
+            w.close()
+    return [p if os.path.exists(p) else "" for p in paths]
+
+
+def _feedback(fs, root: str) -> pl.DataFrame:
+    base = f"{root}/feedback"
+    files = [f for f in (fs.glob(f"{base}/date=*/*.parquet") if fs.exists(base) else [])]
+    if not files:
+        return pl.DataFrame(schema={"trace_id": pl.String, "conversation_id": pl.String, "span_id": pl.String,
+                                    "name": pl.String, "value": pl.Float64, "received_time": pl.Int64})
+    df = _read(fs, sorted(files), ["feedback_id", "trace_id", "conversation_id", "span_id", "name", "value", "received_time"])
+    return df.unique("feedback_id", keep="first", maintain_order=True).with_columns(
+        pl.col("received_time").cast(pl.Int64))
+
+
+def _log_events(fs, root: str, dates: list[str]) -> pl.DataFrame:
+    """GenAI log events (message content of the instrumentations that log it)."""
+    files = []
+    for d in dates:
+        base = f"{root}/logs/date={d}"
+        if fs.exists(base):
+            files += [f for f in fs.ls(base, detail=False) if f.endswith(".parquet")]
+    if not files:
+        return pl.DataFrame()
+    df = _read(fs, sorted(files), ["record_id", "time", "observed_time", "event_name", "body", "attributes", "trace_id", "span_id"])
+    name = pl.coalesce(pl.col("event_name"), pl.col("attributes").list.eval(
+        pl.element().filter(pl.element().struct.field("key") == "event.name").struct.field("value").struct.field("string_value")).list.first())
+    return (df.with_columns(name.alias("event_name"))
+            .filter(pl.col("event_name").str.starts_with("gen_ai.") & pl.col("span_id").is_not_null())
+            .unique("record_id", keep="first", maintain_order=True)
+            .sort(pl.coalesce("time", "observed_time"), "record_id"))
+
+
+def _events_by_span(logs: pl.DataFrame, traces: pl.Series) -> dict[tuple[str, str], list[dict]]:
+    if logs.height == 0:
+        return {}
+    sub = logs.filter(pl.col("trace_id").is_in(traces.implode()))
+    if sub.height == 0:
+        return {}
+    attrs = A.to_dicts(sub["attributes"].to_arrow())
+    bodies = sub["body"].to_list()
+    out: dict[tuple[str, str], list[dict]] = {}
+    for t, s, name, a, b in zip(sub["trace_id"], sub["span_id"], sub["event_name"], attrs, bodies):
+        body = None
+        if b:
+            typ = b.get("type")
+            body = A._value(typ, b.get("string_value"), b.get("int_value"), b.get("double_value"),
+                            b.get("bool_value"), b.get("json_value"), b.get("bytes_value"))
+        out.setdefault((t, s), []).append({"event_name": name, "body": body, "attributes": a})
+    return out
+
+
+def _group_text(cfg: TransformConfig, steps: list[dict], session: str | None, group_attr: str | None) -> str | None:
+    g = cfg.group_by
+    if g == "none":
+        return None
+    if g == "conversation":
+        return session
+    if g.startswith("attribute:"):
+        return group_attr
+    for m in steps[0]["input_messages"]:  # first_user_message
+        if m.get("role") == "user" and m.get("content"):
+            return m["content"]
+    return None
+
+
+def _hash(text: str, n: int = 32) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+@dataclass
+class _Ctx:
+    cfg: TransformConfig
+    now_ns: int
+    since: dt.date | None
+    until: dt.date | None
+    feedback: pl.DataFrame
+    logs: pl.DataFrame
+    functions: list[tuple[str, object]]
+    include: re.Pattern | None
+    exclude: re.Pattern | None
+    summary: Summary
+    counts: C.Counts
+
+
+def process(df: pl.DataFrame, ctx: _Ctx) -> list[dict]:
+    """Transition rows (without advantage) of every settled trajectory in `df`,
+    which holds whole traces."""
+    cfg, summary = ctx.cfg, ctx.summary
+    if df.height == 0:
+        return []
+    df = df.with_columns(
+        pl.col("start_time").cast(pl.Int64).alias("start_ns"),
+        pl.col("end_time").cast(pl.Int64).alias("end_ns"),
+        pl.col("received_time").cast(pl.Int64).alias("received_ns"),
+    )
+    # Several copies of a span (an ingested file and the live collector): once.
+    df = df.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
+    summary.spans += df.height
+    group_attr = cfg.group_by.split(":", 1)[1] if cfg.group_by.startswith("attribute:") else None
+    cls = C.classify(df, tuple(cfg.reward.keys), group_attr)
+    anc = C.ancestry(df, cls)
+
+    # Per trace: settling, root, conversation, grouping attribute.
+    per_trace = df.select("trace_id", "parent_span_id", "received_ns", "start_ns", "end_ns").hstack(
+        cls.select("session", "group_attr")).group_by("trace_id").agg(
+        pl.col("received_ns").max().alias("last_received"),
+        (pl.col("parent_span_id").is_null() & pl.col("end_ns").is_not_null()).any().alias("root_ended"),
+        pl.col("start_ns").min().alias("first_start"),
+        pl.col("session").drop_nulls().first().alias("session"),
+        pl.col("group_attr").drop_nulls().first().alias("group_attr"),
+    )
+    trace_info = {r["trace_id"]: r for r in per_trace.iter_rows(named=True)}
+
+    # The calls, read in Python.
+    call_rows = df.filter(cls["is_call"])
+    ctx.counts.calls_seen += call_rows.height
+    call_attrs = A.to_dicts(call_rows["attributes"].to_arrow())
+    log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
+    span_events = C.events_of(call_rows)
+    meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
+                            "dropped_attributes_count").to_dicts()
+    records = []
+    for row, attrs in zip(meta, call_attrs):
+        key = (row["trace_id"], row["span_id"])
+        records.append(C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, [])))
+    info = anc.to_dicts()
+    outer_of = {}
+    for rec, a in zip(records, info):
+        rec["agent_name"] = a["agent_name"]
+        outer_of[rec["span_id"]] = a["outer"]
+        if a["skew"] or (rec["end_ns"] is not None and rec["start_ns"] is not None and rec["end_ns"] < rec["start_ns"]):
+            rec["flags"].append("clock_skew")
+    records = C.dedupe(records, outer_of, ctx.counts)
+
+    # Rewards carried by spans.
+    carriers = df.filter(cls["carrier"])
+    span_obs: dict[str, list[Observation]] = defaultdict(list)
+    if carriers.height:
+        for (t, s, name, start), attrs in zip(carriers.select("trace_id", "span_id", "name", "start_ns").iter_rows(),
+                                             A.to_dicts(carriers["attributes"].to_arrow())):
+            found, bad = from_span(name or "", attrs, tuple(cfg.reward.keys))
+            ctx.counts.bad_rewards += bad
+            for rname, value, detail, primary in found:
+                span_obs[t].append(Observation(rname, value, "span", detail, int(start or 0), s, primary))
+
+    # Trajectories.
+    def traj_key(trace_id: str) -> str:
+        if cfg.trajectory == "conversation":
+            sess = trace_info[trace_id]["session"]
+            if sess:
+                return "conversation:" + sess
+        return trace_id
+
+    by_traj: dict[str, list[dict]] = defaultdict(list)
+    for rec in records:
+        by_traj[traj_key(rec["trace_id"])].append(rec)
+    traces_of: dict[str, list[str]] = defaultdict(list)
+    for t in trace_info:
+        traces_of[traj_key(t)].append(t)
+
+    settle_ns = int(cfg.settle * 1e9)
+    rows: list[dict] = []
+    fb = ctx.feedback
+    for key in sorted(by_traj):
+        steps = sorted(by_traj[key], key=lambda r: (r["start_ns"] or 0, r["span_id"]))
+        tids = sorted(traces_of[key])
+        infos = [trace_info[t] for t in tids]
+        last = max(i["last_received"] or 0 for i in infos)
+        rooted = all(i["root_ended"] for i in infos)
+        quiet = ctx.now_ns - last
+        if settle_ns > 0 and not (quiet >= settle_ns and (rooted or quiet >= 6 * settle_ns)):
+            summary.waiting += 1
+            continue
+        if not rooted:
+            for s in steps:
+                s["flags"].append("orphan")
+        start_ns = min(i["first_start"] for i in infos if i["first_start"] is not None)
+        day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
+        if (ctx.since and day < ctx.since) or (ctx.until and day > ctx.until):
+            summary.outside_window += 1
+            continue
+        C.rebuild_history(steps)
+        session = next((i["session"] for i in infos if i["session"]), None)
+        trajectory_id = key if not key.startswith("conversation:") else _hash(key)
+        observations = [o for t in tids for o in span_obs.get(t, [])]
+        if fb.height:
+            mask = pl.col("trace_id").is_in(tids)
+            if session:
+                mask = mask | (pl.col("conversation_id") == session)
+            for r in fb.filter(mask).iter_rows(named=True):
+                observations.append(Observation(r["name"], r["value"], "feedback", f"feedback:{r['name']}",
+                                                int(r["received_time"] or 0), r["span_id"], False))
+        service = steps[0]["service_name"]
+        if ctx.functions:
+            traj = Trajectory(trajectory_id, tids, session, service, steps, list(observations))
+            for spec, fn in ctx.functions:
+                got, err = call_function(spec, fn, traj, ctx.now_ns)
+                if err:
+                    summary.reward_errors += 1
+                    if summary.reward_errors <= 3:
+                        log.warning("reward function %s failed on trajectory %s: %s", spec, trajectory_id, err)
+                    for s in steps:
+                        s["flags"].append("reward_function_error")
+                observations += got
+        best = outcome(observations, cfg.reward.name, cfg.reward.prefer)
+        R, R_src = (best.value, best.detail) if best else (None, None)
+        if best is None and cfg.reward.default:
+            R, R_src = float(cfg.reward.default), "default"
+        if R is None:
+            summary.unrated += 1
+        else:
+            summary.rewards_by_source[R_src.split(":", 1)[0] if R_src != "default" else "default"] += 1
+        step_rewards: dict[int, list[tuple[float, str]]] = defaultdict(list)
+        if cfg.credit.strategy == "per_step":
+            chosen = best.name if best else cfg.reward.name
+            index = {s["span_id"]: i for i, s in enumerate(steps)}
+            for o in observations:
+                if o is best or (chosen and o.name != chosen) or (not chosen and not o.primary):
+                    continue
+                if o.source == "feedback":
+                    at = index.get(o.span_id) if o.span_id else None
+                else:  # the call that ended last before the reward was given
+                    ended = [i for i, s in enumerate(steps) if (s["end_ns"] or 0) <= o.time_ns]
+                    at = ended[-1] if ended else None
+                if at is not None:
+                    step_rewards[at].append((o.value, o.detail))
+        credits = credit.assign(len(steps), R, R_src, step_rewards, cfg.credit.strategy, cfg.credit.gamma)
+        group_text = _group_text(cfg, steps, session, infos[0]["group_attr"] if infos else None)
+        group_id = _hash("group:" + group_text, 16) if group_text else None
+        selected = []
+        for i, (s, c) in enumerate(zip(steps, credits)):
+            name = s["agent_name"] or ""
+            if (ctx.include and not ctx.include.search(name)) or (ctx.exclude and ctx.exclude.search(name)):
+                summary.dropped_by_agent += 1
+                continue
+            selected.append((i, s, c))
+        rated = sum(1 for _, _, c in selected if c.ret is not None) or len(selected) or 1
+        summary.trajectories += 1 if selected else 0
+        for i, s, c in selected:
+            for f in s["flags"]:
+                summary.flagged[f] += 1
+            if "content_missing" in s["flags"]:
+                summary.content_missing[s["convention"]] += 1
+            rows.append({
+                "transition_id": C.transition_id(s["trace_id"], s["span_id"]),
+                "trace_id": s["trace_id"], "span_id": s["span_id"], "trajectory_id": trajectory_id,
+                "group_id": group_id, "step": i, "num_steps": len(steps), "agent_name": s["agent_name"],
+                "service_name": s["service_name"], "model": s["model"], "provider": s["provider"],
+                "input_messages": s["input_messages"], "output_message": s["output_message"], "tools": s["tools"],
+                "finish_reason": s["finish_reason"], "prompt_token_ids": s["prompt_token_ids"],
+                "completion_token_ids": s["completion_token_ids"], "completion_logprobs": s["completion_logprobs"],
+                "input_tokens": s["input_tokens"], "output_tokens": s["output_tokens"],
+                "reward": c.reward, "reward_source": c.source, "return": c.ret, "advantage": None,
+                "start_time": s["start_ns"], "end_time": s["end_ns"], "convention": s["convention"],
+                "truncated": s["truncated"],
+                "weight": (1.0 / rated) if cfg.advantage.weighting == "trajectory" else 1.0,
+                "flags": s["flags"], "schema_version": SCHEMA_VERSION, "_date": day.isoformat(),
+                "_order": (start_ns, trajectory_id, i),
+            })
+    return rows
+
+
+_ROW_SCHEMA = transitions.SCHEMA.remove_metadata()
+
+
+def _table(rows: list[dict]) -> pa.Table:
+    rows = sorted(rows, key=lambda r: r["_order"])
+    cols = {f.name: [r[f.name] for r in rows] for f in _ROW_SCHEMA}
+    for name in ("start_time", "end_time"):
+        cols[name] = pa.array(cols[name], pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+    return pa.table({f.name: pa.array(cols[f.name], f.type) if not isinstance(cols[f.name], pa.Array) else cols[f.name]
+                     for f in _ROW_SCHEMA}, schema=_ROW_SCHEMA)
+
+
+def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = False) -> Summary:
+    cfg.check()
+    t0 = time.perf_counter()
+    summary = Summary()
+    since, until = _day(cfg.since, "--since"), _day(cfg.until, "--until")
+    if since and until and since > until:
+        raise BuildError(f"--since {since} is after --until {until}")
+    fs, root = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
+    root = root.rstrip("/")
+    by_date, total = _span_files(fs, root, since, until)
+    if not by_date:
+        raise BuildError(f"no span files under {root}/spans" + (" in the window" if since or until else ""))
+    functions = []
+    for spec in cfg.reward.functions:
+        try:
+            functions.append((spec, load_function(spec)))
+        except ValueError as e:
+            raise BuildError(str(e)) from None
+    ctx = _Ctx(cfg, now_ns if now_ns is not None else time.time_ns(), since, until, _feedback(fs, root),
+               _log_events(fs, root, sorted(by_date)),
+               functions, re.compile(cfg.agents_include) if cfg.agents_include else None,
+               re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts())
+    files = [p for d in sorted(by_date) for p, _ in by_date[d]]
+    buckets = max(1, math.ceil(total * EXPANSION / max(cfg.memory_budget, 1)))
+    if cfg.trajectory == "conversation" and buckets > 1:
+        log.warning("trajectory=conversation reads the whole window at once (%d MiB of spans)", total >> 20)
+        buckets = 1
+    summary.buckets = buckets
+    out_root = f"{root}/transitions"
+    output.repair(fs, out_root)
+    if output.is_local(fs):  # scratch files beside the output: same disk, cleaned by the next run after a crash
+        os.makedirs(out_root, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".build-", dir=out_root)
+    else:
+        tmp = tempfile.mkdtemp(prefix="nightshift-build-")
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(files) if buckets == 1 else buckets, unit="file" if buckets == 1 else "bucket",
+                   desc="build", disable=not progress)
+        if buckets == 1:
+            sources = [files]
+        else:
+            bar.set_description("split")
+            split = _split(fs, files, buckets, tmp)
+            bar.set_description("build")
+            sources = [[p] if p else [] for p in split]
+        slim: list[pl.DataFrame] = []
+        spill: dict[str, list[str]] = defaultdict(list)
+        for b, paths in enumerate(sources):
+            if buckets == 1:
+                df = _read(fs, paths, SPAN_COLUMNS)
+            else:
+                df = pl.read_parquet(paths[0]) if paths else pl.DataFrame()
+            rows = process(df, ctx) if df.height else []
+            del df
+            by_day: dict[str, list[dict]] = defaultdict(list)
+            for r in rows:
+                by_day[r["_date"]].append(r)
+            for day, rs in sorted(by_day.items()):
+                t = _table(rs)
+                path = os.path.join(tmp, f"rows-{day}-{b:04d}.parquet")
+                pq.write_table(t, path, compression="lz4")
+                spill[day].append(path)
+                slim.append(pl.from_arrow(t.select(["transition_id", "trajectory_id", "group_id", "return", "weight"])))
+            bar.update(len(paths) if buckets == 1 else 1)
+        bar.close()
+        if slim:
+            s = pl.concat(slim)
+            adv = s.select("transition_id", credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
+        else:
+            adv = pl.DataFrame(schema={"transition_id": pl.String, "advantage": pl.Float64})
+        window_days = {d for d in by_date if (not since or dt.date.fromisoformat(d) >= since)
+                       and (not until or dt.date.fromisoformat(d) <= until)}
+        for day in sorted(window_days | set(spill)):
+
+            def tables(day=day):
+                for p in spill.get(day, []):
+                    t = pl.read_parquet(p).drop("advantage").join(adv, on="transition_id", how="left", maintain_order="left")
+                    yield t.select([f.name for f in _ROW_SCHEMA]).to_arrow()
+
+            n = output.write_partition(fs, out_root, day, tables())
+            summary.transitions += n
+            if n or day in spill:
+                summary.partitions.append(day)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary.duplicates = ctx.counts.duplicates
+    summary.bad_rewards = ctx.counts.bad_rewards
+    summary.seconds = time.perf_counter() - t0
+    return summary

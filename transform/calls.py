@@ -1,0 +1,363 @@
+"""One record per LLM call from a set of complete traces: what it was given, what
+it answered, which agent made it, and what is wrong with it.
+
+The decisions that touch every span (is it an LLM call, an agent, a reward
+carrier; which agent encloses each call; which calls are the same call recorded
+twice) are taken in Polars. Only the calls themselves (and the few agent and
+reward spans) are read in Python, by the layout readers of `conventions`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from . import attrs as A
+from .classify import AGENT_OPERATIONS, INFERENCE_OPERATIONS
+from .conventions import Call, read_call, read_events
+from .messages import MessageError, from_openai_messages, normalize_finish_reason
+from .rewards import AGL_SPAN_NAMES, CARRIER_KEYS, CARRIER_PREFIXES, from_span
+
+#: Where each convention's content capture is turned on (the hint in the summary).
+CAPTURE_HINTS = {
+    "otel_genai": "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (or =true for older instrumentations)",
+    "otel_genai_event": "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=EVENT_ONLY (or =true)",
+    "otel_genai_events_legacy": "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true",
+    "openinference": "unset OPENINFERENCE_HIDE_INPUTS / OPENINFERENCE_HIDE_OUTPUTS (and the _MESSAGES variants)",
+    "openllmetry_legacy": "TRACELOOP_TRACE_CONTENT=true",
+    "agentlightning": "TRACELOOP_TRACE_CONTENT=true (AgentOps/OpenLLMetry underneath)",
+    "unknown": "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (or your instrumentation's content switch)",
+}
+
+_CLASSIFY_KEYS = {
+    "oi_kind": ("openinference.span.kind",),
+    "req_type": ("llm.request.type",),
+    "tl_kind": ("traceloop.span.kind",),
+    "tl_name": ("traceloop.entity.name",),
+    "agent_attr": ("agent.name", "recipient_agent_type", "langchain.chain.type", "executor.id"),
+    "oi_agent": ("agent.name",),
+    "session": ("session.id", "conversation.id", "traceloop.association.properties.session_id"),
+    "token_ids": ("response_token_ids",),
+}
+_REDACTED = "__REDACTED__"
+
+
+@dataclass
+class Counts:
+    spans: int = 0
+    calls_seen: int = 0
+    duplicates: int = 0
+    content_missing: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bad_rewards: int = 0
+
+    def add(self, other: "Counts") -> None:
+        self.spans += other.spans
+        self.calls_seen += other.calls_seen
+        self.duplicates += other.duplicates
+        self.bad_rewards += other.bad_rewards
+        for k, v in other.content_missing.items():
+            self.content_missing[k] += v
+        for k, v in other.flagged.items():
+            self.flagged[k] += v
+
+
+def transition_id(trace_id: str, span_id: str) -> str:
+    return hashlib.sha256(f"{trace_id}:{span_id}".encode()).hexdigest()[:32]
+
+
+def classify(df: pl.DataFrame, user_reward_keys: tuple[str, ...], group_attr: str | None) -> pl.DataFrame:
+    """Per span: `is_call`, `agent` (the agent it stands for), `carrier` (it holds a
+    reward), `session`, `group_attr`, `token_ids` (has Agent Lightning ids)."""
+    keys = {k for ks in _CLASSIFY_KEYS.values() for k in ks} | set(user_reward_keys) | set(CARRIER_KEYS)
+    if group_attr:
+        keys.add(group_attr)
+    key = pl.col("key")
+    keep = key.is_in(sorted(keys))
+    for p in CARRIER_PREFIXES:
+        keep = keep | key.str.starts_with(p)
+    long = A.long_form(df, keep)
+    spec = dict(_CLASSIFY_KEYS)
+    if group_attr:
+        spec["group_attr"] = (group_attr,)
+    cols = A.first_of(long, df.height, spec)
+    carrier_rows = long.filter(
+        pl.any_horizontal([key.str.starts_with(p) for p in CARRIER_PREFIXES])
+        | key.is_in(list(user_reward_keys) + list(CARRIER_KEYS))
+    ).select("row").unique()
+    cols = cols.with_columns(pl.col("row").is_in(carrier_rows["row"].implode()).alias("carrier"))
+    op = df["gen_ai_operation_name"]
+    name = df["name"].fill_null("")
+    base = pl.DataFrame({"op": op, "name": name, "genai_agent": df["gen_ai_agent_name"],
+                         "conv": df["gen_ai_conversation_id"]}).hstack(cols.drop("row"))
+    is_call = (
+        pl.when(pl.col("op").is_not_null()).then(pl.col("op").is_in(sorted(INFERENCE_OPERATIONS)))
+        .when(pl.col("oi_kind").is_not_null()).then(pl.col("oi_kind") == "LLM")
+        .otherwise(pl.col("req_type").is_in(["chat", "completion"])
+                   | pl.col("name").str.contains(r"openai\.chat\.completion")
+                   | pl.col("token_ids").is_not_null())
+    )
+    agent = (
+        pl.when(pl.col("op").is_in(sorted(AGENT_OPERATIONS)))
+        .then(pl.coalesce(pl.col("genai_agent"), pl.col("name").str.splitn(" ", 2).struct.field("field_1")))
+        .when(pl.col("oi_kind") == "AGENT").then(pl.coalesce(pl.col("oi_agent"), pl.col("name")))
+        .when(pl.col("tl_kind") == "agent").then(pl.coalesce(pl.col("tl_name"), pl.col("name")))
+        .when(pl.col("op").is_null() & (pl.col("oi_kind").is_null() | (pl.col("oi_kind") != "LLM")))
+        .then(pl.col("agent_attr"))
+    )
+    out = base.select(
+        is_call.fill_null(False).alias("is_call"),
+        agent.alias("agent"),
+        (pl.col("carrier") | pl.col("name").is_in(list(AGL_SPAN_NAMES))).alias("carrier"),
+        pl.coalesce(pl.col("conv"), pl.col("session")).alias("session"),
+        (pl.col("group_attr") if group_attr else pl.lit(None, pl.String)).alias("group_attr"),
+    )
+    return out.with_columns(pl.when(pl.col("is_call")).then(None).otherwise(pl.col("agent")).alias("agent"))
+
+
+def ancestry(df: pl.DataFrame, cls: pl.DataFrame, max_depth: int = 64) -> pl.DataFrame:
+    """For each call: the nearest enclosing agent, the nearest enclosing call (the
+    same call recorded by an outer instrumentation), and whether its clock disagrees
+    with its parent's (starts before it, or ends before it starts)."""
+    nodes = pl.DataFrame({
+        "trace_id": df["trace_id"], "span_id": df["span_id"], "parent": df["parent_span_id"],
+        "p_agent": cls["agent"], "p_call": cls["is_call"], "p_start": df["start_time"],
+    })
+    calls = nodes.with_row_index("row").filter(cls["is_call"])
+    out = calls.select("row", pl.lit(None, pl.String).alias("agent_name"), pl.lit(None, pl.String).alias("outer"),
+                       pl.lit(False).alias("skew"))
+    skew = calls.join(nodes.select("trace_id", pl.col("span_id").alias("parent"), pl.col("p_start").alias("ps")),
+                      on=["trace_id", "parent"], how="left")
+    skew = skew.select("row", ((pl.col("ps") > pl.col("p_start")).fill_null(False)
+                               | (df["end_time"].gather(skew["row"]) < pl.col("p_start")).fill_null(False)).alias("skew"))
+    cur = calls.select("row", "trace_id", pl.col("parent").alias("anc"))
+    found_agent: list[pl.DataFrame] = []
+    found_outer: list[pl.DataFrame] = []
+    look = nodes.select("trace_id", pl.col("span_id").alias("anc"), "parent", "p_agent", "p_call", "span_id")
+    agent_done = pl.Series("row", [], pl.UInt32)
+    outer_done = pl.Series("row", [], pl.UInt32)
+    for _ in range(max_depth):
+        cur = cur.filter(pl.col("anc").is_not_null())
+        if cur.height == 0:
+            break
+        j = cur.join(look, on=["trace_id", "anc"], how="inner")
+        a = j.filter(pl.col("p_agent").is_not_null() & ~pl.col("row").is_in(agent_done.implode())).select("row", pl.col("p_agent").alias("agent_name"))
+        o = j.filter(pl.col("p_call") & ~pl.col("row").is_in(outer_done.implode())).select("row", pl.col("span_id").alias("outer"))
+        found_agent.append(a)
+        found_outer.append(o)
+        agent_done = pl.concat([agent_done, a["row"]])
+        outer_done = pl.concat([outer_done, o["row"]])
+        cur = j.filter(~(pl.col("row").is_in(agent_done.implode()) & pl.col("row").is_in(outer_done.implode()))).select(
+            "row", "trace_id", pl.col("parent").alias("anc"))
+    res = out.select("row")
+    if found_agent:
+        res = res.join(pl.concat(found_agent), on="row", how="left")
+        res = res.join(pl.concat(found_outer), on="row", how="left")
+    else:
+        res = res.with_columns(pl.lit(None, pl.String).alias("agent_name"), pl.lit(None, pl.String).alias("outer"))
+    return res.join(skew, on="row", how="left").sort("row")
+
+
+def _first(attrs: dict, *keys: str) -> Any:
+    for k in keys:
+        v = attrs.get(k)
+        if v is not None:
+            return v
+    return None
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _ids(v: Any) -> list[int] | None:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(v, list) and v and isinstance(v[0], list):  # one list per choice: the first
+        v = v[0]
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return v
+    return None
+
+
+def _logprobs(v: Any) -> list[float] | None:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(v, list) and all(isinstance(x, dict) for x in v):
+        try:
+            return [float(x["logprob"]) for x in v]
+        except (KeyError, TypeError, ValueError):
+            return None
+    return None
+
+
+def normalize_tools(tools: list[Any]) -> list[dict]:
+    """Tool definitions in OpenAI's nested form `{"type": "function", "function":
+    {name, description, parameters}}`, what chat templates take, from the flat GenAI
+    form, logfire's nested form or OpenInference's JSON schema."""
+    out = []
+    for t in tools:
+        if not isinstance(t, dict):
+            continue
+        if isinstance(t.get("function"), dict):
+            out.append({"type": "function", "function": t["function"]})
+        elif "name" in t:
+            fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+            out.append({"type": t.get("type") or "function", "function": fn})
+        else:
+            out.append(t)
+    return out
+
+
+def _missing(call: Call | None) -> bool:
+    if call is None:
+        return True
+    out = call.output_message
+    no_out = out is None or (not out["content"] and not out["tool_calls"]) or out["content"] == _REDACTED
+    no_in = not call.input_messages or all(m["content"] in (None, _REDACTED) and not m["tool_calls"] for m in call.input_messages)
+    return no_out and no_in
+
+
+def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
+    """The record of one call span (`row`: its columns; `attrs`: its attributes)."""
+    flags: list[str] = []
+    call = read_call(attrs)
+    if call is None or (call.output_message is None and not call.input_messages):
+        from_events = read_events(events) if events else None
+        if from_events is not None:
+            call = from_events
+    if call is None and ("prompt_token_ids" in attrs or "response_token_ids" in attrs):
+        call = Call("agentlightning")
+    if call is not None and call.convention == "openllmetry_legacy" and "response_token_ids" in attrs:
+        call.convention = "agentlightning"
+    convention = call.convention if call else (
+        "otel_genai" if row.get("gen_ai_operation_name") else
+        "openinference" if attrs.get("openinference.span.kind") else "unknown")
+    for p in (call.problems if call else []):
+        flags.append("invalid_content:" + p.split(":", 1)[0])
+    if _missing(call):
+        flags.append("content_missing")
+    finish = (call.finish_reason if call else None) or normalize_finish_reason(
+        _first(attrs, "gen_ai.response.finish_reasons", "llm.response.finish_reason"))
+    tools = normalize_tools(call.tools) if call else []
+    return {
+        "trace_id": row["trace_id"],
+        "span_id": row["span_id"],
+        "start_ns": row["start_ns"],
+        "end_ns": row["end_ns"],
+        "service_name": row["service_name"],
+        "model": _first(attrs, "gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model"),
+        "provider": _first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"),
+        "input_messages": call.input_messages if call else [],
+        "output_message": call.output_message if call else None,
+        "tools": json.dumps(tools, ensure_ascii=False, separators=(",", ":")) if tools else None,
+        "finish_reason": finish,
+        "prompt_token_ids": _ids(_first(attrs, "prompt_token_ids", "gen_ai.request.token_ids")),
+        "completion_token_ids": _ids(_first(attrs, "response_token_ids", "gen_ai.response.token_ids")),
+        "completion_logprobs": _logprobs(_first(attrs, "logprobs.content")),
+        "input_tokens": _int(_first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
+                                    "llm.token_count.prompt", "llm.usage.prompt_tokens")),
+        "output_tokens": _int(_first(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
+                                     "llm.token_count.completion", "llm.usage.completion_tokens")),
+        "response_id": _first(attrs, "gen_ai.response.id"),
+        "convention": convention,
+        "truncated": bool(row.get("dropped_attributes_count") or 0),
+        "flags": flags,
+    }
+
+
+def _has_content(rec: dict) -> bool:
+    return "content_missing" not in rec["flags"]
+
+
+def dedupe(records: list[dict], outer_of: dict[str, str | None], counts: Counts) -> list[dict]:
+    """One record per real call: an outer span around an inner call (a framework span
+    around the client span) and a second span with the same response id are the
+    same call. The one with content wins; the inner one when both have it."""
+    by_span = {r["span_id"]: r for r in records}
+    drop: set[str] = set()
+    for r in records:
+        outer = outer_of.get(r["span_id"])
+        if outer and outer in by_span:
+            o = by_span[outer]
+            if not _has_content(r) and _has_content(o):
+                drop.add(r["span_id"])
+            else:
+                drop.add(outer)
+    seen: dict[tuple[str, str], dict] = {}
+    for r in sorted(records, key=lambda r: (not _has_content(r), r["start_ns"], r["span_id"])):
+        if r["span_id"] in drop or not r["response_id"]:
+            continue
+        k = (r["trace_id"], str(r["response_id"]))
+        if k in seen:
+            drop.add(r["span_id"])
+        else:
+            seen[k] = r
+    counts.duplicates += len(drop)
+    return [r for r in records if r["span_id"] not in drop]
+
+
+def rebuild_history(steps: list[dict]) -> None:
+    """Put back an assistant tool-call turn that a producer left out of the next
+    call's history (openlit does): a tool result whose call id no earlier message
+    issued gets, just before it, the earlier output that issued it."""
+    outputs: dict[str, dict] = {}
+    for s in steps:
+        msgs = s["input_messages"]
+        issued = {c["id"] for m in msgs for c in (m.get("tool_calls") or []) if c.get("id")}
+        fixed: list[dict] = []
+        inserted = False
+        for m in msgs:
+            tcid = m.get("tool_call_id")
+            if m.get("role") == "tool" and tcid and tcid not in issued and tcid in outputs:
+                turn = outputs[tcid]
+                fixed.append(turn)
+                issued |= {c["id"] for c in turn["tool_calls"] if c.get("id")}
+                inserted = True
+            fixed.append(m)
+        if inserted:
+            s["input_messages"] = fixed
+            s["flags"].append("history_rebuilt")
+        out = s["output_message"]
+        if out:
+            for c in out.get("tool_calls") or []:
+                if c.get("id"):
+                    outputs[c["id"]] = out
+
+
+def events_of(df: pl.DataFrame) -> dict[tuple[str, str], list[dict]]:
+    """GenAI events recorded as span events (some producers put content there)."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    if "events" not in df.columns:
+        return out
+    ev = df.select("trace_id", "span_id", "events").filter(pl.col("events").list.len() > 0)
+    if ev.height == 0:
+        return out
+    ev = ev.explode("events").filter(pl.col("events").struct.field("name").str.starts_with("gen_ai."))
+    if ev.height == 0:
+        return out
+    dicts = A.to_dicts(ev["events"].struct.field("attributes").to_arrow())
+    for t, s, name, a in zip(ev["trace_id"], ev["span_id"], ev["events"].struct.field("name"), dicts):
+        out.setdefault((t, s), []).append({"event_name": name, "body": None, "attributes": a})
+    return out
+
+
+def openai_messages_or_none(value: Any) -> list[dict] | None:
+    try:
+        return from_openai_messages(value)
+    except MessageError:
+        return None
