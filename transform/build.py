@@ -506,7 +506,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             bar.update(len(paths) if buckets == 1 else 1)
         bar.close()
         if slim:
-            s = pl.concat(slim)
+            s = pl.concat(slim).sort("transition_id")  # the same sums whatever the bucket count
             adv = s.select("transition_id", credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
         else:
             adv = pl.DataFrame(schema={"transition_id": pl.String, "advantage": pl.Float64})
