@@ -70,6 +70,56 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 1 if st.bad_records and not (st.spans or st.logs) else 0
 
 
+FEEDBACK_HELP = """Columns (a CSV header, Parquet column names, or JSON-lines keys):
+  value            required: a finite number; true/false count as 1.0/0.0
+  trace_id         32 hex digits (stored lowercase)       } at least one of
+  conversation_id  the agent's gen_ai.conversation.id     } these two
+  name             what the label measures, e.g. user_rating (default: --name)
+  span_id          16 hex digits: the one call the label is about
+  comment          free text (redacted like span attributes)
+  time             when the label was given: RFC 3339 with an offset
+                   (2025-11-22T10:15:00Z) or unix seconds
+  id               your idempotency key; without it, a hash of the row's content
+
+Any other column is refused, so a typo (`reward` for `value`) cannot vanish.
+Every file is checked before anything is written: a missing or unknown column
+exits 2; bad rows are all listed (CSV and JSON lines by line, Parquet by row, from
+1) and nothing is written unless --skip-bad. Rows land in <data>/feedback/,
+partitioned by the UTC date they were loaded, source `file:<name>`. Loading the
+same file again adds nothing, and a label id already stored is not stored twice.
+The same rules apply to the collector's POST /v1/feedback."""
+
+
+def cmd_feedback(args: argparse.Namespace) -> int:
+    cfg = _collector_config(args)
+    _setup_logging(cfg.log_level)
+    from nightshift.collector.datasets import DatasetStore
+    from nightshift.collector.feedback_file import BadRows, FeedbackFileError, load
+    from nightshift.collector.redact import Redactor
+
+    if not args.name:
+        print("nightshift feedback: --name must not be empty", file=sys.stderr)
+        return 2
+    redactor = Redactor.from_config(cfg.redact.presets, cfg.redact.rules, cfg.redact.drop_keys)
+    redact = (lambda text: redactor.redact_text(text)[0]) if redactor.enabled else None
+    try:
+        st = load(args.files, DatasetStore(cfg.data, cfg.storage_options), args.name, args.skip_bad, redact)
+    except FeedbackFileError as e:
+        print(f"nightshift feedback: {e}; nothing written", file=sys.stderr)
+        return 2
+    except BadRows as e:
+        for problem in e.problems:
+            print(f"bad row: {problem}", file=sys.stderr)
+        print(f"nightshift feedback: {len(e.problems)} bad row(s); nothing written "
+              "(fix them, or --skip-bad to write the rest)", file=sys.stderr)
+        return 1
+    for problem in st.skipped_rows:
+        print(f"skipped: {problem}", file=sys.stderr)
+    print(f"feedback: {st.files} file(s) into {cfg.data}: {st.written} rows written, "
+          f"{st.duplicates} duplicates, {st.skipped} skipped")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     import polars as pl
 
@@ -118,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         "collect", help="run the OTLP receiver (gRPC :4317, HTTP :4318) that writes span datasets",
         description="Receive OTLP traces, logs and metrics over gRPC and HTTP (protobuf or JSON, gzip/deflate/zstd), "
         "acknowledge each request only once it is fsync'd to a write-ahead log, and write spans/ and logs/ Parquet "
-        "datasets under --data. GET /healthz and /metrics on the HTTP port. SIGTERM drains and exits 0.",
+        "datasets under --data. POST /v1/feedback takes delayed rewards as JSON (see `nightshift feedback --help` "
+        "for the fields) into feedback/. GET /healthz and /metrics on the HTTP port. SIGTERM drains and exits 0.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common(c)
@@ -139,6 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("files", nargs="+", metavar="FILE", help="files, globs or folders")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(func=cmd_ingest)
+
+    f = sub.add_parser(
+        "feedback", help="load delayed rewards (labels) from CSV, Parquet or JSON lines",
+        description="Load rewards that arrived after the agent's run (ratings, task outcomes, reviews) into the "
+        "feedback dataset, joined to trajectories later by trace_id or conversation_id.",
+        epilog=FEEDBACK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(f)
+    f.add_argument("files", nargs="+", metavar="FILE", help="label files: .csv, .parquet, .jsonl")
+    f.add_argument("--name", default="feedback", help="label name for rows without one (default: feedback)")
+    f.add_argument("--skip-bad", dest="skip_bad", action="store_true",
+                   help="write the good rows of files with bad rows, and list the bad ones")
+    f.set_defaults(func=cmd_feedback)
 
     s = sub.add_parser("show", help="summarize the spans dataset with Polars")
     common(s)

@@ -14,7 +14,8 @@ the partition. The partition's existing files are read once, the first time it i
 touched (files of batches about to be rewritten left out). A long-running
 collector bounds memory with `window_s`: keys are forgotten that long after they
 were loaded or written, which still covers every OTLP client's resend (their
-retry window is about 10 s); `nightshift ingest` keeps whole partitions.
+retry window is about 10 s); `nightshift ingest` keeps whole partitions, and so
+do the datasets of `KEEP_ALL_KEYS` (feedback) whatever the window.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ import pyarrow.parquet as pq
 from nightshift.schemas import DATASETS
 
 EVICT_AFTER_S = 900.0
+
+#: Datasets whose keys are never forgotten while their partition is in memory:
+#: labels are few, and a label's id is a client's idempotency key, resent at any
+#: time, not only within an exporter's retry window.
+KEEP_ALL_KEYS = frozenset({"feedback"})
 
 
 def part_name(batch_id: str) -> str:
@@ -222,7 +228,7 @@ class DatasetStore:
     def remember(self, dataset: str, date: str, frames: list[pl.DataFrame]) -> None:
         idx = self._index[(dataset, date)]
         idx.frames.append(_Frame.of(pl.concat(frames), time.monotonic()))
-        idx.trim(self.window_s)
+        idx.trim(None if dataset in KEEP_ALL_KEYS else self.window_s)
 
     def _load(self, dataset: str, date: str, exclude: set[str]) -> pl.DataFrame:
         folder = f"{self.root}/{dataset}/date={date}"

@@ -23,7 +23,14 @@ class Refused(Exception):
 
 
 class BadRequest(Refused):
+    """Not retryable. `violations`, (field, why) pairs, become a `google.rpc.BadRequest`
+    detail so a client can show every problem, not only the first."""
+
     reason = "bad_request"
+
+    def __init__(self, message: str, violations: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.violations = violations or []
 
 
 class TooLarge(Refused):

@@ -19,9 +19,10 @@ from pathlib import Path
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from . import wal
+from . import feedback, wal
 from .convert import LogBuilder, SpanBuilder
 from .datasets import DatasetStore
+from .feedback_table import FeedbackBuilder
 
 log = logging.getLogger("nightshift.collector.flusher")
 
@@ -29,48 +30,53 @@ log = logging.getLogger("nightshift.collector.flusher")
 #: segment size (each chunk becomes a row group of the segment's file).
 CHUNK_BYTES = 8 << 20
 
-from .flusher_stats import DUPLICATES, ERRORS, LAST_FLUSH_S, LOGS, OLDEST_PENDING_NS, SEGMENTS, SPANS
+from .flusher_stats import DUPLICATES, ERRORS, FEEDBACK, LAST_FLUSH_S, LOGS, OLDEST_PENDING_NS, SEGMENTS, SPANS
 
 
 @dataclass
 class SegmentResult:
     spans: int = 0
     logs: int = 0
+    feedback: int = 0
     duplicates: int = 0
     files: int = 0
 
 
 def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTES) -> SegmentResult:
+    """Every record of a segment into its datasets. Returns only once every
+    writer has committed (the caller then deletes the segment); if any fails, all
+    are aborted and the segment is redone whole."""
     batch_id = path.name.split(".", 1)[0]
-    spans_w = store.writer("spans", batch_id)
-    logs_w = store.writer("logs", batch_id)
+    writers = {name: store.writer(name, batch_id) for name in ("spans", "logs", "feedback")}
     try:
-        sb, lb, size = SpanBuilder(), LogBuilder(), 0
+        sb, lb, fb, size = SpanBuilder(), LogBuilder(), FeedbackBuilder(), 0
 
         def drain() -> None:
-            nonlocal sb, lb, size
-            if len(sb):
-                spans_w.add(sb.table(), sb.dates)
-            if len(lb):
-                logs_w.add(lb.table(), lb.dates)
-            sb, lb, size = SpanBuilder(), LogBuilder(), 0
+            nonlocal sb, lb, fb, size
+            for name, b in (("spans", sb), ("logs", lb), ("feedback", fb)):
+                if len(b):
+                    writers[name].add(b.table(), b.dates)
+            sb, lb, fb, size = SpanBuilder(), LogBuilder(), FeedbackBuilder(), 0
 
         for kind, received, payload in wal.read_segment(path):
             if kind == wal.KIND_TRACES:
                 sb.add_request(ExportTraceServiceRequest.FromString(payload), received)
             elif kind == wal.KIND_LOGS:
                 lb.add_request(ExportLogsServiceRequest.FromString(payload), received)
+            elif kind == wal.KIND_FEEDBACK:
+                fb.add(feedback.decode(payload), received, "http")
             size += len(payload)
             if size >= chunk_bytes:
                 drain()
         drain()
-        s = spans_w.commit()
-        lg = logs_w.commit()
+        done = {name: w.commit() for name, w in writers.items()}
     except BaseException:
-        spans_w.abort()
-        logs_w.abort()
+        for w in writers.values():
+            w.abort()
         raise
-    return SegmentResult(s.rows, lg.rows, s.duplicates + lg.duplicates, len(s.files) + len(lg.files))
+    s, lg, fd = done["spans"], done["logs"], done["feedback"]
+    return SegmentResult(s.rows, lg.rows, fd.rows, s.duplicates + lg.duplicates + fd.duplicates,
+                         len(s.files) + len(lg.files) + len(fd.files))
 
 
 def _lock(path: Path):
@@ -125,10 +131,11 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
             dt = time.perf_counter() - t0
             stats[SPANS] += res.spans
             stats[LOGS] += res.logs
+            stats[FEEDBACK] += res.feedback
             stats[DUPLICATES] += res.duplicates
             stats[SEGMENTS] += 1
             stats[LAST_FLUSH_S] = dt
-            log.info("flushed %s: %d spans, %d log records, %d duplicates dropped, %d files in %.2fs",
-                     seg.name, res.spans, res.logs, res.duplicates, res.files, dt)
+            log.info("flushed %s: %d spans, %d log records, %d feedback labels, %d duplicates dropped, %d files in %.2fs",
+                     seg.name, res.spans, res.logs, res.feedback, res.duplicates, res.files, dt)
     finally:
         lock.close()

@@ -1,5 +1,6 @@
 """OTLP/HTTP: POST /v1/traces, /v1/logs, /v1/metrics (protobuf or JSON, answered in
-the request's content type), plus GET /healthz and GET /metrics."""
+the request's content type), POST /v1/feedback (JSON labels, see `feedback`), plus
+GET /healthz and GET /metrics."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Callable
 from google.protobuf import json_format
 
 from . import decode, otlp_json
-from .errors import BadRequest, NotFound, Overloaded, Refused, TooLarge, Unauthenticated, wire_status
+from .errors import (BadRequest, NotFound, Overloaded, Refused, TooLarge, Unauthenticated, UnsupportedMediaType,
+                     wire_status)
 from .pipeline import Pipeline
 from .responses import export_response, retry_after_header, status
 
@@ -23,7 +25,14 @@ log = logging.getLogger("nightshift.collector.http")
 
 _DRAIN_BYTES = 16 << 20
 
-PATHS = {"/v1/traces": "traces", "/v1/logs": "logs", "/v1/metrics": "metrics"}
+PATHS = {"/v1/traces": "traces", "/v1/logs": "logs", "/v1/metrics": "metrics", "/v1/feedback": "feedback"}
+
+
+def feedback_media_type(content_type: str | None) -> str:
+    """Labels are JSON only: anything else is refused (415) before the body is read."""
+    if (content_type or "").split(";", 1)[0].strip().lower() != decode.JSON:
+        raise UnsupportedMediaType(f"unsupported Content-Type {content_type!r}: /v1/feedback takes {decode.JSON}")
+    return decode.JSON
 
 
 class _Server(ThreadingHTTPServer):
@@ -106,21 +115,28 @@ def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable
             try:
                 if signal is None:
                     self.close_connection = True
-                    raise NotFound(f"no OTLP endpoint at {self.path}; use /v1/traces, /v1/logs or /v1/metrics")
+                    raise NotFound(f"no endpoint at {self.path}; use /v1/traces, /v1/logs, /v1/metrics or /v1/feedback")
                 if expected and not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
                     self.close_connection = True
                     raise Unauthenticated("missing or wrong bearer token (header `Authorization: Bearer <token>`)")
                 try:
-                    media = decode.media_type(self.headers.get("Content-Type"))
+                    ctype = self.headers.get("Content-Type")
+                    media = feedback_media_type(ctype) if signal == "feedback" else decode.media_type(ctype)
                 except Refused:
                     self.close_connection = True
                     raise
                 body = self._read_body()
                 with pipeline.admit():
                     body = decode.decompress(body, self.headers.get("Content-Encoding"), limit)
-                    result = pipeline.export(signal, decode.parse(signal, body, media))
-                resp = export_response(signal, result)
-                out = resp.SerializeToString() if media == decode.PROTOBUF else otlp_json.encode(resp)
+                    if signal == "feedback":
+                        result = pipeline.export_feedback(body)
+                    else:
+                        result = pipeline.export(signal, decode.parse(signal, body, media))
+                if signal == "feedback":
+                    out = json.dumps({"accepted": result.accepted}).encode()
+                else:
+                    resp = export_response(signal, result)
+                    out = resp.SerializeToString() if media == decode.PROTOBUF else otlp_json.encode(resp)
                 self._send(200, out, media)
             except Refused as e:
                 metrics.refused.labels(signal or "unknown", e.reason).inc()

@@ -10,9 +10,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import validate, wal
+from . import feedback, validate, wal
 from .decode import Parsed
-from .errors import Overloaded
+from .errors import BadRequest, Overloaded
 from .metrics import Metrics
 from .redact import Redactor
 
@@ -68,6 +68,33 @@ class Pipeline:
         self.metrics.ack_seconds.observe(time.perf_counter() - t0)
         self.metrics.accepted.labels(signal).inc(kept)
         return Result(kept, rejected, error)
+
+    def export_feedback(self, body: bytes) -> Result:
+        """A `POST /v1/feedback` body: every label valid or none stored (BadRequest
+        lists each problem), comments redacted, then one durable WAL record."""
+        redact = self._redact_comment if self.redactor.enabled else None
+        try:
+            records = feedback.parse_request(body, redact=redact)
+        except feedback.InvalidFeedback as e:
+            self.metrics.rejected.labels("feedback").inc(e.bad_items)
+            raise BadRequest(f"invalid feedback: {e}", e.violations) from None
+        if not records:
+            return Result(0)
+        t0 = time.perf_counter()
+        try:
+            self.log.append(wal.KIND_FEEDBACK, feedback.encode(records))
+        except Overloaded as e:
+            self.metrics.refused_records.labels("feedback", e.reason).inc(len(records))
+            raise
+        self.metrics.ack_seconds.observe(time.perf_counter() - t0)
+        self.metrics.accepted.labels("feedback").inc(len(records))
+        return Result(len(records))
+
+    def _redact_comment(self, text: str) -> str:
+        new, n = self.redactor.redact_text(text)
+        if n:
+            self.metrics.redacted.inc(n)
+        return new
 
 
 class _Slot:

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .errors import Overloaded, Refused, wire_status
+from .errors import BadRequest, Overloaded, Refused, wire_status
 from .pipeline import Result
 
 _MAX_ERROR_CHARS = 4096
@@ -46,6 +46,12 @@ def status(error: Refused) -> status_pb2.Status:
     if isinstance(error, Overloaded):
         d = any_pb2.Any()
         d.Pack(retry_info(error))
+        st.details.append(d)
+    elif isinstance(error, BadRequest) and error.violations:
+        d = any_pb2.Any()
+        d.Pack(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=f, description=why) for f, why in error.violations
+        ]))
         st.details.append(d)
     return st
 

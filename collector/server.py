@@ -77,6 +77,7 @@ class Collector:
         m.flush_lag.set(max(0.0, time.time() - oldest / 1e9) if oldest else 0.0)
         m.flushed.labels("traces").set(s[flusher_stats.SPANS])
         m.flushed.labels("logs").set(s[flusher_stats.LOGS])
+        m.flushed.labels("feedback").set(s[flusher_stats.FEEDBACK])
         m.duplicates.set(s[flusher_stats.DUPLICATES])
         m.flush_errors.set(s[flusher_stats.ERRORS])
 
@@ -163,8 +164,9 @@ class Collector:
                 self._flusher.join(5)
         left = sum(p.stat().st_size for p in wal.sealed_segments(self.wal_dir))
         s = self._stats
-        log.info("stopped: %d spans and %d log records written to Parquet this run, %d duplicates dropped%s",
-                 s[flusher_stats.SPANS], s[flusher_stats.LOGS], s[flusher_stats.DUPLICATES],
+        log.info("stopped: %d spans, %d log records and %d feedback labels written to Parquet this run, "
+                 "%d duplicates dropped%s",
+                 s[flusher_stats.SPANS], s[flusher_stats.LOGS], s[flusher_stats.FEEDBACK], s[flusher_stats.DUPLICATES],
                  f"; {left} bytes left in the WAL for next start" if left else "")
         return 0
 
