@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -34,9 +35,10 @@ def _value(t: str | None, s, i, d, b, j, by) -> Any:
     return None
 
 
-def to_dicts(column: pa.Array | pa.ChunkedArray) -> list[dict[str, Any]]:
+def to_dicts(column: pa.Array | pa.ChunkedArray, skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """A list<struct{key, value: ANY_VALUE}> column as one `{key: python value}` per
-    row (arrays and kvlists decoded from their JSON); nulls become `{}`."""
+    row (arrays and kvlists decoded from their JSON); nulls become `{}`. Keys in
+    `skip` map to True: their (large) values are read elsewhere, in Arrow."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     n = len(column)
@@ -47,9 +49,23 @@ def to_dicts(column: pa.Array | pa.ChunkedArray) -> list[dict[str, Any]]:
     flat = column.values.slice(base, offsets[-1] - base)
     keys = flat.field("key").to_pylist()
     v = flat.field("value")
-    cols = [v.field(f).to_pylist() for f in ("type", "string_value", "int_value", "double_value", "bool_value",
-                                             "json_value", "bytes_value")]
-    values = [_value(*row) for row in zip(*cols)]
+    types = v.field("type").to_numpy(zero_copy_only=False)
+    values = v.field("string_value").to_pylist()
+    for name, tname in (("int_value", "int"), ("double_value", "double"), ("bool_value", "bool"), ("bytes_value", "bytes")):
+        idx = np.flatnonzero(types == tname)
+        if len(idx):
+            for i, x in zip(idx.tolist(), v.field(name).take(pa.array(idx)).to_pylist()):
+                values[i] = x
+    idx = np.flatnonzero((types == "array") | (types == "kvlist"))
+    if len(idx):
+        for i, j in zip(idx.tolist(), v.field("json_value").take(pa.array(idx)).to_pylist()):
+            if keys[i] in skip:
+                values[i] = True
+                continue
+            try:
+                values[i] = json.loads(j) if j is not None else None
+            except json.JSONDecodeError:
+                values[i] = j
     out: list[dict[str, Any]] = []
     for r in range(n):
         a, b = offsets[r] - base, offsets[r + 1] - base

@@ -248,12 +248,10 @@ class _Ctx:
     counts: C.Counts
 
 
-def process(df: pl.DataFrame, ctx: _Ctx) -> list[dict]:
-    """Transition rows (without advantage) of every settled trajectory in `df`,
-    which holds whole traces."""
+def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
+    """Transition rows (without advantage and token ids) of every settled trajectory
+    in `df`, which holds whole traces, and their token ids by `transition_id`."""
     cfg, summary = ctx.cfg, ctx.summary
-    if df.height == 0:
-        return []
     df = df.with_columns(
         pl.col("start_time").cast(pl.Int64).alias("start_ns"),
         pl.col("end_time").cast(pl.Int64).alias("end_ns"),
@@ -280,15 +278,18 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> list[dict]:
     # The calls, read in Python.
     call_rows = df.filter(cls["is_call"])
     ctx.counts.calls_seen += call_rows.height
-    call_attrs = A.to_dicts(call_rows["attributes"].to_arrow())
+    call_attrs = A.to_dicts(call_rows["attributes"].to_arrow(), skip=C.TOKEN_KEYS)
+    tokens = C.token_columns(call_rows)
     log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
     span_events = C.events_of(call_rows)
     meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
                             "dropped_attributes_count").to_dicts()
     records = []
-    for row, attrs in zip(meta, call_attrs):
+    for i, (row, attrs) in enumerate(zip(meta, call_attrs)):
         key = (row["trace_id"], row["span_id"])
-        records.append(C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, [])))
+        rec = C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, []))
+        rec["_call"] = i
+        records.append(rec)
     info = anc.to_dicts()
     outer_of = {}
     for rec, a in zip(records, info):
@@ -413,29 +414,49 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> list[dict]:
                 "group_id": group_id, "step": i, "num_steps": len(steps), "agent_name": s["agent_name"],
                 "service_name": s["service_name"], "model": s["model"], "provider": s["provider"],
                 "input_messages": s["input_messages"], "output_message": s["output_message"], "tools": s["tools"],
-                "finish_reason": s["finish_reason"], "prompt_token_ids": s["prompt_token_ids"],
-                "completion_token_ids": s["completion_token_ids"], "completion_logprobs": s["completion_logprobs"],
+                "finish_reason": s["finish_reason"], "prompt_token_ids": None,
+                "completion_token_ids": None, "completion_logprobs": s["completion_logprobs"],
                 "input_tokens": s["input_tokens"], "output_tokens": s["output_tokens"],
                 "reward": c.reward, "reward_source": c.source, "return": c.ret, "advantage": None,
                 "start_time": s["start_ns"], "end_time": s["end_ns"], "convention": s["convention"],
                 "truncated": s["truncated"],
                 "weight": (1.0 / rated) if cfg.advantage.weighting == "trajectory" else 1.0,
                 "flags": s["flags"], "schema_version": SCHEMA_VERSION, "_date": day.isoformat(),
-                "_order": (start_ns, trajectory_id, i),
+                "_order": (start_ns, trajectory_id, i), "_call": s["_call"],
             })
-    return rows
+    if rows:  # token ids stay in Arrow: taken by call index, not copied through Python
+        take = pl.Series([r["_call"] for r in rows], dtype=pl.UInt32)
+        ids = tokens[take]
+        for r, p, c in zip(rows, ids["prompt_token_ids"].is_not_null(), ids["completion_token_ids"].is_not_null()):
+            r["_tokens"] = (p, c)
+        return rows, ids.with_columns(pl.Series("transition_id", [r["transition_id"] for r in rows]))
+    return rows, tokens.clear().with_columns(pl.lit(None, pl.String).alias("transition_id"))
 
 
 _ROW_SCHEMA = transitions.SCHEMA.remove_metadata()
 
 
-def _table(rows: list[dict]) -> pa.Table:
+_LATE = ("prompt_token_ids", "completion_token_ids", "advantage")
+
+
+def _table(rows: list[dict], tokens: pl.DataFrame) -> pl.DataFrame:
+    """Rows in output order, token ids joined from Arrow; `advantage` comes last."""
     rows = sorted(rows, key=lambda r: r["_order"])
-    cols = {f.name: [r[f.name] for r in rows] for f in _ROW_SCHEMA}
-    for name in ("start_time", "end_time"):
-        cols[name] = pa.array(cols[name], pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
-    return pa.table({f.name: pa.array(cols[f.name], f.type) if not isinstance(cols[f.name], pa.Array) else cols[f.name]
-                     for f in _ROW_SCHEMA}, schema=_ROW_SCHEMA)
+    fields = [f for f in _ROW_SCHEMA if f.name not in _LATE]
+    arrays = {}
+    for f in fields:
+        col = [r[f.name] for r in rows]
+        if f.name in ("start_time", "end_time"):
+            arrays[f.name] = pa.array(col, pa.int64()).cast(f.type)
+        else:
+            arrays[f.name] = pa.array(col, f.type)
+    df = pl.from_arrow(pa.table(arrays))
+    return df.join(tokens, on="transition_id", how="left", maintain_order="left")
+
+
+def _final(df: pl.DataFrame, adv: pl.DataFrame) -> pa.Table:
+    df = df.drop("advantage", strict=False).join(adv, on="transition_id", how="left", maintain_order="left")
+    return df.select([f.name for f in _ROW_SCHEMA]).to_arrow().cast(_ROW_SCHEMA)
 
 
 def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = False) -> Summary:
@@ -486,23 +507,26 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             bar.set_description("build")
             sources = [[p] if p else [] for p in split]
         slim: list[pl.DataFrame] = []
-        spill: dict[str, list[str]] = defaultdict(list)
+        held: dict[str, list] = defaultdict(list)  # per date: row frames, or their spill files
         for b, paths in enumerate(sources):
             if buckets == 1:
                 df = _read(fs, paths, SPAN_COLUMNS)
             else:
                 df = pl.read_parquet(paths[0]) if paths else pl.DataFrame()
-            rows = process(df, ctx) if df.height else []
+            rows, tokens = process(df, ctx) if df.height else ([], None)
             del df
             by_day: dict[str, list[dict]] = defaultdict(list)
             for r in rows:
                 by_day[r["_date"]].append(r)
             for day, rs in sorted(by_day.items()):
-                t = _table(rs)
-                path = os.path.join(tmp, f"rows-{day}-{b:04d}.parquet")
-                pq.write_table(t, path, compression="lz4")
-                spill[day].append(path)
-                slim.append(pl.from_arrow(t.select(["transition_id", "trajectory_id", "group_id", "return", "weight"])))
+                t = _table(rs, tokens)
+                slim.append(t.select("transition_id", "trajectory_id", "group_id", "return", "weight"))
+                if buckets == 1:
+                    held[day].append(t)
+                else:  # later buckets must not keep this one's rows in memory
+                    path = os.path.join(tmp, f"rows-{day}-{b:04d}.parquet")
+                    t.write_parquet(path, compression="lz4")
+                    held[day].append(path)
             bar.update(len(paths) if buckets == 1 else 1)
         bar.close()
         if slim:
@@ -512,16 +536,16 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             adv = pl.DataFrame(schema={"transition_id": pl.String, "advantage": pl.Float64})
         window_days = {d for d in by_date if (not since or dt.date.fromisoformat(d) >= since)
                        and (not until or dt.date.fromisoformat(d) <= until)}
-        for day in sorted(window_days | set(spill)):
+        for day in sorted(window_days | set(held)):
 
             def tables(day=day):
-                for p in spill.get(day, []):
-                    t = pl.read_parquet(p).drop("advantage").join(adv, on="transition_id", how="left", maintain_order="left")
-                    yield t.select([f.name for f in _ROW_SCHEMA]).to_arrow()
+                for item in held.get(day, []):
+                    yield _final(pl.read_parquet(item) if isinstance(item, str) else item, adv)
 
             n = output.write_partition(fs, out_root, day, tables())
+            held.pop(day, None)
             summary.transitions += n
-            if n or day in spill:
+            if n or day in window_days:
                 summary.partitions.append(day)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

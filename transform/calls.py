@@ -178,17 +178,27 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def _ids(v: Any) -> list[int] | None:
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except json.JSONDecodeError:
-            return None
-    if isinstance(v, list) and v and isinstance(v[0], list):  # one list per choice: the first
-        v = v[0]
-    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        return v
-    return None
+PROMPT_IDS = ("prompt_token_ids", "gen_ai.request.token_ids", "llm.hosted_vllm.prompt_token_ids")
+COMPLETION_IDS = ("response_token_ids", "gen_ai.response.token_ids", "llm.hosted_vllm.response_token_ids")
+TOKEN_KEYS = frozenset(PROMPT_IDS + COMPLETION_IDS)
+_INT_LIST = r"^\s*\[\s*(-?\d+\s*(,\s*-?\d+\s*)*)?\]\s*$"
+
+
+def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
+    """`prompt_token_ids`, `completion_token_ids` for each call row, decoded in Polars
+    (they are long: reading them in Python would cost more than everything else).
+    Accepts OTLP int arrays, JSON text and stringified Python lists (LiteLLM); a
+    list per choice takes the first; anything else is null."""
+    long = A.long_form(call_rows, pl.col("key").is_in(sorted(TOKEN_KEYS)))
+    cols = A.first_of(long, call_rows.height, {"p": PROMPT_IDS, "c": COMPLETION_IDS})
+
+    def ids(col: str) -> pl.Expr:
+        text = pl.col(col).str.strip_chars()
+        text = pl.when(text.str.starts_with("[[")).then(text.str.extract(r"^\[(\[[^\]]*\])", 1)).otherwise(text)
+        ok = text.str.contains(_INT_LIST)
+        return pl.when(ok).then(text).otherwise(None).str.json_decode(pl.List(pl.Int64)).cast(pl.List(pl.Int32))
+
+    return cols.select(ids("p").alias("prompt_token_ids"), ids("c").alias("completion_token_ids"))
 
 
 def _logprobs(v: Any) -> list[float] | None:
@@ -240,7 +250,7 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         from_events = read_events(events) if events else None
         if from_events is not None:
             call = from_events
-    if call is None and ("prompt_token_ids" in attrs or "response_token_ids" in attrs):
+    if call is None and any(k in attrs for k in TOKEN_KEYS):
         call = Call("agentlightning")
     if call is not None and call.convention == "openllmetry_legacy" and "response_token_ids" in attrs:
         call.convention = "agentlightning"
@@ -266,8 +276,6 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         "output_message": call.output_message if call else None,
         "tools": json.dumps(tools, ensure_ascii=False, separators=(",", ":")) if tools else None,
         "finish_reason": finish,
-        "prompt_token_ids": _ids(_first(attrs, "prompt_token_ids", "gen_ai.request.token_ids")),
-        "completion_token_ids": _ids(_first(attrs, "response_token_ids", "gen_ai.response.token_ids")),
         "completion_logprobs": _logprobs(_first(attrs, "logprobs.content")),
         "input_tokens": _int(_first(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
                                     "llm.token_count.prompt", "llm.usage.prompt_tokens")),
