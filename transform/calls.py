@@ -192,13 +192,18 @@ def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
     long = A.long_form(call_rows, pl.col("key").is_in(sorted(TOKEN_KEYS)))
     cols = A.first_of(long, call_rows.height, {"p": PROMPT_IDS, "c": COMPLETION_IDS})
 
-    def ids(col: str) -> pl.Expr:
+    def ids(col: str, guard: bool) -> pl.Expr:
         text = pl.col(col).str.strip_chars()
         text = pl.when(text.str.starts_with("[[")).then(text.str.extract(r"^\[(\[[^\]]*\])", 1)).otherwise(text)
-        ok = text.str.contains(_INT_LIST)
-        return pl.when(ok).then(text).otherwise(None).str.json_decode(pl.List(pl.Int64)).cast(pl.List(pl.Int32))
+        if guard:  # only when the fast path met something that is not a list of ints
+            text = pl.when(text.str.contains(_INT_LIST)).then(text).otherwise(None)
+        return text.str.json_decode(pl.List(pl.Int64)).cast(pl.List(pl.Int32))
 
-    return cols.select(ids("p").alias("prompt_token_ids"), ids("c").alias("completion_token_ids"))
+    try:
+        return cols.select(ids("p", False).alias("prompt_token_ids"), ids("c", False).alias("completion_token_ids"))
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+        pass
+    return cols.select(ids("p", True).alias("prompt_token_ids"), ids("c", True).alias("completion_token_ids"))
 
 
 def _logprobs(v: Any) -> list[float] | None:

@@ -40,11 +40,32 @@ class Call:
 
 
 _INDEXED = re.compile(r"^(\d+)\.(.+)$")
+_FIRST_INDEX = re.compile(r"\.(\d+)\.")
+
+
+class Attrs(dict):
+    """A span's attributes with their indexed groups (`prefix.{i}.rest`) found in
+    one pass over the keys, instead of one pass per prefix a reader asks for."""
+
+    _groups: dict[str, dict[int, dict[str, Any]]] | None = None
+
+    def group(self, prefix: str) -> list[dict[str, Any]]:
+        if self._groups is None:
+            groups: dict[str, dict[int, dict[str, Any]]] = {}
+            for key, value in self.items():
+                m = _FIRST_INDEX.search(key)
+                if m:
+                    groups.setdefault(key[: m.start()], {}).setdefault(int(m.group(1)), {})[key[m.end():]] = value
+            self._groups = groups
+        g = self._groups.get(prefix)
+        return [g[i] for i in sorted(g)] if g else []
 
 
 def indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """`prefix.0.a`, `prefix.0.b.c`, `prefix.1.a` -> `[{"a", "b.c"}, {"a"}]`, in index
     order; gaps (indices the SDK dropped) are skipped."""
+    if isinstance(attrs, Attrs):
+        return attrs.group(prefix)
     groups: dict[int, dict[str, Any]] = {}
     p = prefix + "."
     for key, value in attrs.items():
@@ -185,6 +206,8 @@ READERS: tuple[Callable[[dict[str, Any]], Call | None], ...] = (read_genai, read
 
 
 def read_call(attrs: dict[str, Any]) -> Call | None:
+    if not isinstance(attrs, Attrs):
+        attrs = Attrs(attrs)
     for reader in READERS:
         call = reader(attrs)
         if call is not None:
