@@ -251,10 +251,15 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
     """The record of one call span (`row`: its columns; `attrs`: its attributes)."""
     flags: list[str] = []
     call = read_call(attrs)
-    if call is None or (call.output_message is None and not call.input_messages):
-        from_events = read_events(events) if events else None
+    if events and (call is None or call.output_message is None or not call.input_messages):
+        from_events = read_events(events)  # content logged as events, alone or beside the span's
         if from_events is not None:
-            call = from_events
+            if call is None or (call.output_message is None and not call.input_messages):
+                call = from_events
+            else:
+                call.input_messages = call.input_messages or from_events.input_messages
+                call.output_message = call.output_message or from_events.output_message
+                call.finish_reason = call.finish_reason or from_events.finish_reason
     if call is None and any(k in attrs for k in TOKEN_KEYS):
         call = Call("agentlightning")
     if call is not None and call.convention == "openllmetry_legacy" and "response_token_ids" in attrs:

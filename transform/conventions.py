@@ -254,7 +254,8 @@ def read_events(events: list[dict[str, Any]]) -> Call | None:
             if name == "gen_ai.choice":
                 if int(body.get("index", 0) or 0) != 0:
                     continue  # the first choice is the action taken
-                msg = dict(body.get("message") or {})
+                # The spec nests the message; some producers put its fields at the top.
+                msg = dict(body.get("message") or {k: body[k] for k in ("role", "content", "tool_calls") if k in body})
                 msg.setdefault("role", "assistant")
                 if body.get("tool_calls") and not msg.get("tool_calls"):
                     msg["tool_calls"] = body["tool_calls"]
