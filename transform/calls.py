@@ -193,15 +193,16 @@ def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
     cols = A.first_of(long, call_rows.height, {"p": PROMPT_IDS, "c": COMPLETION_IDS})
 
     def ids(col: str, guard: bool) -> pl.Expr:
+        if not guard:  # the common case, one JSON parse and nothing else
+            return pl.col(col).str.json_decode(pl.List(pl.Int64)).cast(pl.List(pl.Int32))
         text = pl.col(col).str.strip_chars()
         text = pl.when(text.str.starts_with("[[")).then(text.str.extract(r"^\[(\[[^\]]*\])", 1)).otherwise(text)
-        if guard:  # only when the fast path met something that is not a list of ints
-            text = pl.when(text.str.contains(_INT_LIST)).then(text).otherwise(None)
+        text = pl.when(text.str.contains(_INT_LIST)).then(text).otherwise(None)
         return text.str.json_decode(pl.List(pl.Int64)).cast(pl.List(pl.Int32))
 
     try:
         return cols.select(ids("p", False).alias("prompt_token_ids"), ids("c", False).alias("completion_token_ids"))
-    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError):
         pass
     return cols.select(ids("p", True).alias("prompt_token_ids"), ids("c", True).alias("completion_token_ids"))
 

@@ -40,7 +40,6 @@ class Call:
 
 
 _INDEXED = re.compile(r"^(\d+)\.(.+)$")
-_FIRST_INDEX = re.compile(r"\.(\d+)\.")
 
 
 class Attrs(dict):
@@ -53,9 +52,14 @@ class Attrs(dict):
         if self._groups is None:
             groups: dict[str, dict[int, dict[str, Any]]] = {}
             for key, value in self.items():
-                m = _FIRST_INDEX.search(key)
-                if m:
-                    groups.setdefault(key[: m.start()], {}).setdefault(int(m.group(1)), {})[key[m.end():]] = value
+                if not any(c.isdigit() for c in key):
+                    continue
+                parts = key.split(".")
+                for i in range(1, len(parts) - 1):
+                    if parts[i].isdigit():
+                        head, rest = ".".join(parts[:i]), ".".join(parts[i + 1:])
+                        groups.setdefault(head, {}).setdefault(int(parts[i]), {})[rest] = value
+                        break
             self._groups = groups
         g = self._groups.get(prefix)
         return [g[i] for i in sorted(g)] if g else []
