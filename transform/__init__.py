@@ -1,10 +1,8 @@
-"""Transform: traces to credit-assigned transition datasets (issue 3, in progress).
+"""Transform: traces to credit-assigned transition datasets (`nightshift build`).
 
-Built so far: `messages`, the one message shape every instrumentation's layout is
-read into; `conventions`, readers for the OTel GenAI JSON, OpenInference and
-OpenLLMetry (pre-0.55) span layouts and the GenAI log events; `classify`, which
-spans are LLM calls and which agent encloses them; and the `transitions` schema in
-`nightshift.schemas`. Still to come: producer quirks, Agent Lightning's layout,
-trajectories, rewards and feedback, credit assignment, `nightshift build`, and the
-tests against live instrumentation packages.
+spans/ (+ logs/, feedback/) -> `build` reads whole traces by bucket ->
+`calls` (which spans are LLM calls, agents, reward carriers; one record per call,
+read by the layout readers of `conventions` into the `messages` shape) ->
+trajectories -> `rewards` -> `credit` (assignment and advantages) -> `output`
+(one date partition at a time, replaced whole). Settings: `config`.
 """
