@@ -494,3 +494,20 @@ def test_cli_build_prints_a_summary_and_explains_itself(tmp_path):
     empty = subprocess.run([sys.executable, "-m", "nightshift.cli", "build", "--data", str(tmp_path / "none")],
                            capture_output=True, text=True)
     assert empty.returncode == 1 and "no spans dataset" in empty.stderr
+
+
+def test_build_through_fsspec_object_store(tmp_path):
+    import fsspec
+
+    url = f"memory://nightshift-{tmp_path.name}"
+    write_spans(url, [episode("m1", 1.0), episode("m2", 0.0)])
+    s = build(TransformConfig(data=url, settle=0))
+    assert s.transitions == 6
+    fs = fsspec.filesystem("memory")
+    files = fs.glob(f"{url.removeprefix('memory://')}/transitions/date=*/*.parquet")
+    assert len(files) == 1
+    with fs.open(files[0], "rb") as fh:
+        assert pl.read_parquet(fh).height == 6
+    s = build(TransformConfig(data=url, settle=0, memory_budget=1000))  # bucketed, rewritten in place
+    assert s.buckets > 1 and s.transitions == 6
+    assert len(fs.glob(f"{url.removeprefix('memory://')}/transitions/date=*/*.parquet")) == 1
