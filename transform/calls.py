@@ -274,6 +274,12 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         flags.append("content_missing")
     finish = (call.finish_reason if call else None) or normalize_finish_reason(
         _first(attrs, "gen_ai.response.finish_reasons", "llm.response.finish_reason"))
+    out = call.output_message if call else None
+    if finish is None and out and (out["tool_calls"] or out["content"]):
+        # Some producers never record it (openai-agents' generation spans): what the
+        # output shows, flagged so a user who cares about `length` can tell.
+        finish = "tool_call" if out["tool_calls"] else "stop"
+        flags.append("finish_reason_inferred")
     tools = normalize_tools(call.tools) if call else []
     return {
         "trace_id": row["trace_id"],
