@@ -17,8 +17,9 @@ demo: $(VENV)/.installed  ## the collector end to end: receive, make durable, Pa
 test: $(VENV)/.installed  ## the whole test suite
 	$(PY) -m pytest -q
 
-bench: $(VENV)/.installed  ## ingest benchmark (prints spans/s, latency, RSS)
+bench: $(VENV)/.installed  ## ingest benchmark (spans/s, latency, RSS), then transform (`nightshift build`: spans/s per core, RSS)
 	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/transform.py
 
 clean:
 	rm -rf $(VENV) nightshift-data

@@ -41,8 +41,9 @@ log = logging.getLogger("nightshift.transform")
 SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
                 "service_name", "gen_ai_operation_name", "gen_ai_agent_name", "gen_ai_conversation_id",
                 "attributes", "events", "dropped_attributes_count"]
-#: Arrow bytes in memory per byte of compressed Parquet, to size buckets.
-EXPANSION = 4
+#: Peak process bytes per uncompressed byte of the span columns read: the Arrow
+#: columns, the calls' attributes as Python objects, and the rows built from them.
+OVERHEAD = 8.0  # measured: 200k Agent Lightning spans, peak RSS / bucket size
 
 
 class BuildError(RuntimeError):
@@ -120,12 +121,29 @@ def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None) -> 
         day = _day(name[5:], "partition")
         if (since and day < since) or (until and day > until + dt.timedelta(days=1)):
             continue
-        files = [(f["name"], int(f.get("size") or 0)) for f in fs.ls(entry["name"], detail=True)
+        files = [(f["name"], _uncompressed(fs, f["name"])) for f in fs.ls(entry["name"], detail=True)
                  if f["type"] == "file" and f["name"].endswith(".parquet")]
         if files:
             out[name[5:]] = sorted(files)
             total += sum(s for _, s in files)
     return out, total
+
+
+def _uncompressed(fs, path: str) -> int:
+    """Bytes the columns the build reads take once decompressed (Parquet's own
+    count), which is what sizes the buckets: compressed sizes say little, prompts
+    and token ids compress five to ten times."""
+    with fs.open(path, "rb") as fh:
+        md = pq.ParquetFile(fh).metadata
+    wanted = set(SPAN_COLUMNS)
+    total = 0
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            if col.path_in_schema.split(".", 1)[0] in wanted:
+                total += col.total_uncompressed_size
+    return total
 
 
 def _read(fs, paths: list[str], columns: list[str]) -> pl.DataFrame:
@@ -153,7 +171,7 @@ def _split(fs, files: list[str], buckets: int, tmp: str) -> list[str]:
             with fs.open(p, "rb") as fh:
                 pf = pq.ParquetFile(fh)
                 cols = [c for c in SPAN_COLUMNS if c in pf.schema_arrow.names]
-                for batch in pf.iter_batches(batch_size=65536, columns=cols):
+                for batch in pf.iter_batches(batch_size=8192, columns=cols):
                     df = pl.from_arrow(pa.Table.from_batches([batch]))
                     df = df.with_columns(_bucket_of(pl.col("trace_id"), buckets).alias("_b"))
                     for (b,), part in df.partition_by("_b", as_dict=True).items():
@@ -252,13 +270,16 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     """Transition rows (without advantage and token ids) of every settled trajectory
     in `df`, which holds whole traces, and their token ids by `transition_id`."""
     cfg, summary = ctx.cfg, ctx.summary
+    if df.height == 0:
+        return [], None
     df = df.with_columns(
         pl.col("start_time").cast(pl.Int64).alias("start_ns"),
         pl.col("end_time").cast(pl.Int64).alias("end_ns"),
         pl.col("received_time").cast(pl.Int64).alias("received_ns"),
     )
     # Several copies of a span (an ingested file and the live collector): once.
-    df = df.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
+    if df.select(pl.struct("trace_id", "span_id").is_duplicated().any()).item():
+        df = df.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
     summary.spans += df.height
     group_attr = cfg.group_by.split(":", 1)[1] if cfg.group_by.startswith("attribute:") else None
     cls = C.classify(df, tuple(cfg.reward.keys), group_attr)
@@ -276,7 +297,9 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     trace_info = {r["trace_id"]: r for r in per_trace.iter_rows(named=True)}
 
     # The calls, read in Python.
-    call_rows = df.filter(cls["is_call"])
+    call_rows = df.filter(cls["is_call"]).drop("parent_span_id", "name", strict=False)
+    carriers = df.filter(cls["carrier"])
+    del df  # the bucket's spans: only the calls and reward carriers are still needed
     ctx.counts.calls_seen += call_rows.height
     call_attrs = A.to_dicts(call_rows["attributes"].to_arrow(), skip=C.TOKEN_KEYS)
     tokens = C.token_columns(call_rows)
@@ -290,6 +313,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         rec = C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, []))
         rec["_call"] = i
         records.append(rec)
+    del call_attrs, call_rows
     info = anc.to_dicts()
     outer_of = {}
     for rec, a in zip(records, info):
@@ -300,7 +324,6 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     records = C.dedupe(records, outer_of, ctx.counts)
 
     # Rewards carried by spans.
-    carriers = df.filter(cls["carrier"])
     span_obs: dict[str, list[Observation]] = defaultdict(list)
     if carriers.height:
         for (t, s, name, start), attrs in zip(carriers.select("trace_id", "span_id", "name", "start_ns").iter_rows(),
@@ -482,7 +505,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                functions, re.compile(cfg.agents_include) if cfg.agents_include else None,
                re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts())
     files = [p for d in sorted(by_date) for p, _ in by_date[d]]
-    buckets = max(1, math.ceil(total * EXPANSION / max(cfg.memory_budget, 1)))
+    buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
     if cfg.trajectory == "conversation" and buckets > 1:
         log.warning("trajectory=conversation reads the whole window at once (%d MiB of spans)", total >> 20)
         buckets = 1
@@ -509,12 +532,13 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         slim: list[pl.DataFrame] = []
         held: dict[str, list] = defaultdict(list)  # per date: row frames, or their spill files
         for b, paths in enumerate(sources):
-            if buckets == 1:
-                df = _read(fs, paths, SPAN_COLUMNS)
-            else:
-                df = pl.read_parquet(paths[0]) if paths else pl.DataFrame()
-            rows, tokens = process(df, ctx) if df.height else ([], None)
-            del df
+            def load(paths=paths) -> pl.DataFrame:
+                if buckets == 1:
+                    return _read(fs, paths, SPAN_COLUMNS)
+                return pl.read_parquet(paths[0]) if paths else pl.DataFrame()
+
+            # `process` holds the only reference to the spans, so it can free them early.
+            rows, tokens = process(load(), ctx)
             by_day: dict[str, list[dict]] = defaultdict(list)
             for r in rows:
                 by_day[r["_date"]].append(r)

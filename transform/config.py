@@ -67,7 +67,7 @@ class TransformConfig:
     until: str = ""
     agents_include: str = ""
     agents_exclude: str = ""
-    memory_budget: int = 1 << 30  # bytes of spans held at once; more data is processed in buckets
+    memory_budget: int = 512 << 20  # peak memory to aim for; more data is processed in buckets of traces
     storage_options: dict = field(default_factory=dict)
     reward: RewardConfig = field(default_factory=RewardConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)

@@ -1,0 +1,507 @@
+#!/usr/bin/env python
+"""Transform benchmark for `nightshift build`.
+
+    python benchmarks/transform.py [--spans 1000000] [--calls 5] [--prompt-chars 2000] [--mix]
+                                   [--data DIR] [--jobs N] [--peer agl [--peer-spans 16000]]
+
+What it does, in one run:
+
+1. Writes a synthetic `spans` dataset straight to Parquet (benchmarks/synth_traces.py:
+   vectorized, seeded, the collector's schema with its metadata and its Parquet
+   settings, zstd level 1; files of --chunk-spans spans over --days date
+   partitions, written by --jobs processes). One trajectory per trace, shaped like
+   the Agent Lightning benchmark in shared/research/agent-lightning-bench: a root
+   span, an agent span (agent.name=writer), K LLM calls (OpenLLMetry's pre-0.55
+   `gen_ai.prompt.{i}.*` layout with Agent Lightning's prompt/response token ids;
+   with --mix, a third each of that, OpenInference and OpenTelemetry GenAI JSON
+   attributes) and a reward span (agentlightning.reward.0.value). With --data DIR
+   the dataset is kept there and reused by later runs with the same parameters.
+2. Runs `python -m nightshift.cli build --data DIR --settle 0` as a subprocess
+   (the page cache holds the files just written) and measures wall time, the
+   child's CPU time (os.wait4), peak RSS of its process tree (psutil, every
+   50 ms) and of its largest process (wait4's ru_maxrss).
+3. Counts the transitions written (Parquet footers) and checks them against the
+   workload: one row per LLM call, each trajectory rewarded, token ids kept.
+4. With `--peer agl`: Agent Lightning 0.3's `TracerTraceToTriplet` on the first
+   --peer-spans spans' worth of the same trajectories, in its own virtualenv
+   (benchmarks/peer_agl.py), and the ratio of the two.
+
+Targets (the issue's) are printed beside the figures, marked met / NOT met; the
+script never fails on them. Progress goes to stderr; the report to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import peer_agl  # noqa: E402
+import synth_traces as st  # noqa: E402
+
+MIB = 1 << 20
+GENERATOR_VERSION = 1  # bump when synth_traces writes different data for the same parameters
+
+# Targets printed next to the figures.
+T_PER_CORE = 500_000  # spans per CPU-second
+T_RSS_BYTES = 2e9  # peak RSS of the build ...
+T_RSS_SPANS = 10_000_000  # ... at this many spans
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def verdict(ok: bool) -> str:
+    return "[met]" if ok else "[NOT met]"
+
+
+def fmt(n: float) -> str:
+    if n != n:  # nan
+        return "n/a"
+    return f"{n:,.0f}"
+
+
+def machine_busy() -> tuple[float, float]:
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    return sum(t) - idle, sum(t)
+
+
+def git_commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=HERE, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return f"{rev}{' + uncommitted changes' if dirty else ''}" if rev else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# --------------------------------------------------------------------------------------
+# The dataset
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Generated:
+    rows: int
+    bytes: int
+    files: int
+    seconds: float
+    reused: bool
+    jobs: int
+
+
+def generate(p: st.Params, root: Path, args) -> Generated:
+    marker = root / "synth.json"
+    desc = {"generator": GENERATOR_VERSION, "params": p.to_json(), "chunk_spans": args.chunk_spans,
+            "row_group_spans": args.row_group_spans}
+    files = sorted(glob.glob(str(root / "spans" / "date=*" / "*.parquet")))
+    if marker.exists() and files:
+        try:
+            same = json.loads(marker.read_text()) == desc
+        except (OSError, json.JSONDecodeError):
+            same = False
+        if same:
+            log(f"reusing the dataset in {root} (same parameters)")
+            return Generated(p.total_spans, sum(os.path.getsize(f) for f in files), len(files), 0.0, True, 0)
+    shutil.rmtree(root / "spans", ignore_errors=True)
+    marker.unlink(missing_ok=True)
+    n_chunks = len(st.chunks(p, args.chunk_spans))
+    jobs = max(1, min(args.jobs, n_chunks))
+    log(f"writing {p.total_spans:,} spans ({p.trajectories:,} trajectories) to {root}/spans: "
+        f"{n_chunks} files, {jobs} process(es)")
+    step = max(1, n_chunks // 10)
+
+    def progress(done: int, total: int, rows: int) -> None:
+        if done % step == 0 or done == total:
+            log(f"  {done}/{total} files, {rows:,} spans, {time.perf_counter() - t0:.0f} s")
+
+    t0 = time.perf_counter()
+    rows, size, nfiles = st.write_dataset(p, str(root), chunk_spans=args.chunk_spans,
+                                          row_group_spans=args.row_group_spans, jobs=jobs, progress=progress)
+    took = time.perf_counter() - t0
+    marker.write_text(json.dumps(desc, indent=1))
+    return Generated(rows, size, nfiles, took, False, jobs)
+
+
+# --------------------------------------------------------------------------------------
+# The build
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildRun:
+    cmd: list
+    rc: int | None = None
+    timed_out: bool = False
+    over_rss: bool = False  # killed by --rss-limit
+    wall: float = 0.0
+    cpu_user: float = 0.0
+    cpu_sys: float = 0.0
+    maxrss_one: float = 0.0  # bytes, largest single process (wait4)
+    peak_rss_tree: float = 0.0  # bytes, process tree sum (psutil samples)
+    samples: int = 0
+    other_cores: float = 0.0  # CPU used by other processes during the build, in cores
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def cpu(self) -> float:
+        return self.cpu_user + self.cpu_sys
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS of a process and all its descendants, sampled every `interval` s."""
+
+    def __init__(self, pid: int, interval: float = 0.05, limit: float = 0.0):
+        super().__init__(daemon=True)
+        self.pid, self.interval, self.limit = pid, interval, limit
+        self.peak = 0.0
+        self.samples = 0
+        self.over = False  # killed for going over `limit` bytes
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            proc = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._halt.is_set():
+            total = 0
+            try:
+                procs = [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                break
+            for q in procs:
+                try:
+                    total += q.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self.samples += 1
+            if self.limit and total > self.limit and not self.over:
+                self.over = True  # protect the machine: the whole tree goes
+                for q in reversed(procs):
+                    try:
+                        q.kill()
+                    except psutil.Error:
+                        pass
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=2)
+
+
+def run_build(root: Path, extra: list[str], timeout: float, rss_limit: float) -> BuildRun:
+    cmd = [sys.executable, "-m", "nightshift.cli", "build", "--data", str(root), "--settle", "0", *extra]
+    run = BuildRun(cmd)
+    out_path, err_path = root / "build.stdout", root / "build.stderr"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        busy0, _ = machine_busy()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=str(root))
+        sampler = RssSampler(proc.pid, limit=rss_limit)
+        sampler.start()
+
+        def kill() -> None:
+            run.timed_out = True
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            _, status, ru = os.wait4(proc.pid, 0)
+        except BaseException:
+            kill()
+            raise
+        finally:
+            timer.cancel()
+        run.wall = time.perf_counter() - t0
+        busy1, _ = machine_busy()
+        sampler.stop()
+        proc.returncode = run.rc = os.waitstatus_to_exitcode(status)
+    run.cpu_user, run.cpu_sys = ru.ru_utime, ru.ru_stime
+    run.maxrss_one = ru.ru_maxrss * 1024  # KiB on Linux
+    run.peak_rss_tree = max(sampler.peak, run.maxrss_one)
+    run.samples = sampler.samples
+    run.over_rss = sampler.over
+    run.other_cores = max(0.0, (busy1 - busy0) - run.cpu) / run.wall if run.wall else 0.0
+    run.stdout = out_path.read_text(errors="replace")
+    run.stderr = err_path.read_text(errors="replace")
+    return run
+
+
+@dataclass
+class Output:
+    rows: int = 0
+    bytes: int = 0
+    files: int = 0
+    checks: list = field(default_factory=list)  # report lines
+    ok: bool = True
+
+
+def inspect_output(p: st.Params, root: Path) -> Output:
+    """Rows from the footers, then a few checks against the workload (not timed)."""
+    import numpy as np
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    out = Output()
+    files = [f for f in sorted(glob.glob(str(root / "transitions" / "date=*" / "*.parquet")))]
+    for f in files:
+        out.rows += pq.ParquetFile(f).metadata.num_rows
+        out.bytes += os.path.getsize(f)
+    out.files = len(files)
+    if not files:
+        out.ok = False
+        return out
+    conv = np.asarray(st.convention_of(p, np.arange(p.trajectories, dtype=np.uint64))) if p.mix else None
+    expected_by_conv = ({st.CONVENTIONS[k]: int(n) * p.calls for k, n in enumerate(np.bincount(conv, minlength=3))}
+                        if p.mix else {st.CONVENTIONS[st.AGL]: p.llm_spans})
+    try:
+        df = pl.scan_parquet(files).select(
+            pl.len().alias("rows"),
+            pl.col("trajectory_id").n_unique().alias("trajectories"),
+            pl.col("reward").is_not_null().sum().alias("rewarded"),
+            (pl.col("prompt_token_ids").list.len() > 0).sum().alias("prompt_ids"),
+            (pl.col("completion_token_ids").list.len() > 0).sum().alias("completion_ids"),
+            pl.col("output_message").struct.field("content").is_not_null().sum().alias("outputs"),
+        ).collect().row(0, named=True)
+        by_conv = dict(pl.scan_parquet(files).group_by("convention").len().collect().iter_rows())
+    except Exception as e:  # noqa: BLE001  (a schema change must not hide the timing)
+        out.checks.append(f"could not read the transitions back: {type(e).__name__}: {e}")
+        out.ok = False
+        return out
+
+    def check(label: str, got: int, want: int) -> None:
+        good = got == want
+        out.ok &= good
+        out.checks.append(f"{label}: {got:,} (expected {want:,}){'' if good else '  MISMATCH'}")
+
+    check("rows (one per LLM call)", df["rows"], p.llm_spans)
+    check("trajectories", df["trajectories"], p.trajectories)
+    check("rows with a reward", df["rewarded"], p.llm_spans)
+    check("rows with an output message", df["outputs"], p.llm_spans)
+    agl_rows = expected_by_conv.get(st.CONVENTIONS[st.AGL], 0)
+    check("rows with prompt token ids", df["prompt_ids"], agl_rows)
+    check("rows with completion token ids", df["completion_ids"], agl_rows)
+    out.checks.append("rows by convention: " + ", ".join(f"{k} {v:,}" for k, v in sorted(by_conv.items(), key=str))
+                      + "  (generated: " + ", ".join(f"{k} {v:,}" for k, v in expected_by_conv.items()) + " LLM calls)")
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = st.Params()
+    ap.add_argument("--spans", type=int, default=d.spans, help=f"spans to generate, rounded down to whole trajectories "
+                    f"(default {d.spans:,}; the RSS target is for 10,000,000)")
+    ap.add_argument("--calls", type=int, default=d.calls, help=f"LLM calls per trajectory (default {d.calls})")
+    ap.add_argument("--prompt-chars", type=int, default=d.prompt_chars, help=f"user message length (default {d.prompt_chars})")
+    ap.add_argument("--response-chars", type=int, default=d.response_chars, help=f"completion length (default {d.response_chars})")
+    ap.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens,
+                    help=f"prompt token ids of the first call (default {d.prompt_tokens})")
+    ap.add_argument("--prompt-step", type=int, default=d.prompt_step,
+                    help=f"prompt growth per call, in token ids (default {d.prompt_step})")
+    ap.add_argument("--response-tokens", type=int, default=d.response_tokens,
+                    help=f"response token ids per call (default {d.response_tokens})")
+    ap.add_argument("--attempts", type=int, default=d.attempts,
+                    help=f"trajectories per task, sharing the first user message (default {d.attempts})")
+    ap.add_argument("--days", type=int, default=d.days, help=f"date partitions (default {d.days})")
+    ap.add_argument("--mix", action="store_true",
+                    help="a third of the traces each in Agent Lightning's (OpenLLMetry <0.55), OpenInference's and "
+                         "OpenTelemetry GenAI JSON layouts (default: all Agent Lightning's)")
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--chunk-spans", type=int, default=100_000, help="spans per Parquet file (default 100,000)")
+    ap.add_argument("--row-group-spans", type=int, default=10_000, help="spans per row group (default 10,000)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generator processes (default: CPU count)")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="keep the dataset in DIR and reuse it when the parameters match (default: a temp dir, removed)")
+    ap.add_argument("--dir", default=None, help="parent folder of the temp dir")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir")
+    ap.add_argument("--generate-only", action="store_true", help="write the dataset, print the generator's figures, stop")
+    ap.add_argument("--build-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument for `nightshift build` (repeatable), e.g. --build-arg=--credit=discounted")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="kill the build after this many seconds (default 3600)")
+    ap.add_argument("--rss-limit", type=float, default=round(psutil.virtual_memory().total * 0.85 / MIB),
+                    help="kill the build if its process tree's RSS goes over this many MiB, to keep the machine "
+                         "usable (default: 85%% of RAM; 0: no limit)")
+    ap.add_argument("--peer", choices=("agl",), default=None,
+                    help="also measure Agent Lightning 0.3's TracerTraceToTriplet on the same trajectories (own venv, "
+                         "see benchmarks/peer_agl.py)")
+    ap.add_argument("--peer-spans", type=int, default=16_000, help="spans the peer adapts (default 16,000)")
+    args = ap.parse_args()
+
+    p = st.Params(spans=args.spans, calls=args.calls, prompt_chars=args.prompt_chars, response_chars=args.response_chars,
+                  prompt_tokens=args.prompt_tokens, prompt_step=args.prompt_step, response_tokens=args.response_tokens,
+                  attempts=args.attempts, days=args.days, mix=args.mix, seed=args.seed)
+    try:
+        p.check()
+    except ValueError as e:
+        ap.error(str(e))
+    if args.chunk_spans < p.spans_per_trajectory or args.row_group_spans < 1:
+        ap.error("--chunk-spans must hold at least one trajectory; --row-group-spans must be positive")
+
+    out: list[str] = []
+    say = out.append
+    ncpu = os.cpu_count() or 1
+    import polars as pl
+    import pyarrow as pa
+
+    say("nightshift transform benchmark (`nightshift build`)")
+    say(f"date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}, commit {git_commit()}")
+    say(f"host: {socket.gethostname()}, {ncpu} logical CPUs ({psutil.cpu_count(logical=False) or '?'} physical), "
+        f"{psutil.virtual_memory().total / (1 << 30):.1f} GiB RAM, {platform.processor() or platform.machine()}")
+    say(f"python: {platform.python_version()}, pyarrow {pa.__version__}, polars {pl.__version__}")
+    say("args: " + " ".join(f"{k}={v}" for k, v in vars(args).items()))
+    background = psutil.cpu_percent(interval=1.0) / 100 * ncpu
+    say(f"CPU busy before start (other processes): {background:.2f} of {ncpu} cores"
+        + ("  WARNING: the machine is not idle; figures will be low" if background > 0.1 * ncpu else ""))
+    layouts = "mixed: Agent Lightning (OpenLLMetry <0.55 + token ids) / OpenInference / OTel GenAI JSON" if p.mix \
+        else "Agent Lightning (OpenLLMetry <0.55 gen_ai.prompt.{i}.* + prompt/response token ids)"
+    say(f"workload: {p.trajectories:,} trajectories x ({p.calls} LLM calls + root + agent + reward) = {p.total_spans:,} spans "
+        f"over {p.days} date(s); {layouts}; user message {p.prompt_chars} chars, completion {p.response_chars} chars, "
+        f"token ids: prompt {p.prompt_tokens} +{p.prompt_step}/call, response {p.response_tokens}; "
+        f"{p.attempts} attempts per task; seed {p.seed}")
+
+    tmp: Path | None = None
+    root: Path
+    if args.data is not None:
+        root = args.data.resolve()
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = root = Path(tempfile.mkdtemp(prefix="nightshift-bench-transform-", dir=args.dir))
+
+    def on_term(*_):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        gen = generate(p, root, args)
+        if gen.reused:
+            say(f"generator: reused {gen.files} files in {root} ({gen.bytes / MIB:,.0f} MiB, "
+                f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)")
+        else:
+            say(f"generator: {gen.rows:,} spans in {gen.seconds:.1f} s = {fmt(gen.rows / gen.seconds)} spans/s "
+                f"({gen.jobs} process(es), {gen.files} files, {gen.bytes / MIB:,.0f} MiB zstd, "
+                f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)")
+        if args.generate_only:
+            print("\n".join(out), flush=True)
+            return 0
+
+        shutil.rmtree(root / "transitions", ignore_errors=True)
+        log("running: " + " ".join(["python", "-m", "nightshift.cli", "build", "--data", str(root), "--settle", "0",
+                                    *args.build_arg]))
+        rss_limit = args.rss_limit * MIB if args.rss_limit else 0.0
+        run = run_build(root, args.build_arg, args.timeout, rss_limit)
+        log(f"build exited {run.rc} after {run.wall:.1f} s")
+        say("")
+        say(f"build: {' '.join(['python', '-m', 'nightshift.cli', 'build', '--data', '<dir>', '--settle', '0', *args.build_arg])}"
+            f"  (files in the page cache)")
+        if run.rc != 0:
+            why = " (killed after --timeout)" if run.timed_out else ""
+            if run.over_rss:
+                why = f" (killed by the benchmark: its process tree went over --rss-limit {args.rss_limit:,.0f} MiB)"
+            say(f"  FAILED: exit {run.rc}{why} after {run.wall:.1f} s; peak RSS {run.peak_rss_tree / MIB:,.0f} MiB")
+            tail = (run.stderr.strip() or run.stdout.strip()).splitlines()[-25:]
+            say("  its output (last lines):")
+            out.extend("    " + x for x in tail)
+            print("\n".join(out), flush=True)
+            return 1
+        res = inspect_output(p, root)
+        spans = p.total_spans
+        per_core = spans / run.cpu if run.cpu else float("nan")
+        rss_mib = run.peak_rss_tree / MIB
+        if spans >= T_RSS_SPANS:
+            rss_target = f"(target < 2 GB at {T_RSS_SPANS // 1_000_000}M spans) {verdict(run.peak_rss_tree < T_RSS_BYTES)}"
+        else:
+            rss_target = f"(target < 2 GB applies at {T_RSS_SPANS // 1_000_000}M spans: --spans {T_RSS_SPANS})"
+        rows = [
+            ("spans", f"{spans:,}"),
+            ("transitions written", f"{res.rows:,} in {res.files} file(s), {res.bytes / MIB:,.0f} MiB"),
+            ("wall", f"{run.wall:.2f} s"),
+            ("CPU (user + sys)", f"{run.cpu:.2f} s ({run.cpu_user:.2f} + {run.cpu_sys:.2f}; "
+                                 f"{run.cpu / run.wall:.2f} cores on average)"),
+            ("spans/s", fmt(spans / run.wall)),
+            ("spans per CPU-second (per core)", f"{fmt(per_core)}  (target >= {T_PER_CORE:,}) {verdict(per_core >= T_PER_CORE)}"),
+            ("transitions/s", fmt(res.rows / run.wall)),
+            ("peak RSS, process tree", f"{rss_mib:,.0f} MiB  {rss_target}"),
+            ("peak RSS, largest process", f"{run.maxrss_one / MIB:,.0f} MiB (wait4 ru_maxrss)"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        out.extend(f"  {k:<{width}}  {v}" for k, v in rows)
+        if run.other_cores > 0.25:
+            say(f"  WARNING: other processes used {run.other_cores:.2f} cores during the build; the machine was not quiet")
+        summary = [x for x in run.stdout.strip().splitlines() if x.strip()]
+        if summary:
+            say("  the build's summary:")
+            out.extend("    " + x for x in summary[:12])
+        say("checks (transitions read back, not timed):")
+        out.extend("  " + x for x in res.checks)
+
+        if args.peer == "agl":
+            say("")
+            say(f"peer: Agent Lightning, the first {args.peer_spans:,} spans' worth of the same trajectories"
+                + (" (those in its layout; it reads no other)" if p.mix else ""))
+            try:
+                peer = peer_agl.run(p.to_json(), args.peer_spans)
+            except peer_agl.PeerSkipped as e:
+                say(f"  skipped: {e}")
+                peer = None
+            if peer is not None:
+                out.extend("  " + x for x in peer_agl.lines(peer))
+                if peer.get("install_s"):
+                    say(f"  (installed into {peer['venv']} in {peer['install_s']:.0f} s)")
+                say(f"  nightshift / AGL, spans/s: {spans / run.wall / peer['spans_per_s']:.1f}x wall, "
+                    f"{per_core / peer['spans_per_cpu_s']:.1f}x per CPU-second; transitions/s vs triplets/s: "
+                    f"{res.rows / run.wall / peer['triplets_per_s']:.1f}x")
+                say("  (not the same work: nightshift's figure is end to end, Parquet on disk to Parquet on disk, "
+                    "process start and imports included; AGL's is its adapter alone on Span objects already in memory. "
+                    "AGL's OTLP path, decoding included, is about 7x slower than its adapter: "
+                    "shared/research/agent-lightning.md section 6)")
+        print("\n".join(out), flush=True)
+        return 0 if res.ok else 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if tmp is not None:
+            if args.keep:
+                log(f"kept {tmp}")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
