@@ -42,6 +42,29 @@ class Call:
 _INDEXED = re.compile(r"^(\d+)\.(.+)$")
 
 
+#: key -> (head, index, rest) for keys with an indexed part, else None. Keys repeat
+#: across spans (`gen_ai.prompt.0.content` in every call), so each is split once.
+_SPLIT: dict[str, tuple[str, int, str] | None] = {}
+_SPLIT_MAX = 200_000
+
+
+def _split_key(key: str) -> tuple[str, int, str] | None:
+    try:
+        return _SPLIT[key]
+    except KeyError:
+        pass
+    out = None
+    parts = key.split(".")
+    for i in range(1, len(parts) - 1):
+        if parts[i].isdigit():
+            out = (".".join(parts[:i]), int(parts[i]), ".".join(parts[i + 1:]))
+            break
+    if len(_SPLIT) >= _SPLIT_MAX:  # unbounded key spaces (ids in keys) must not grow memory
+        _SPLIT.clear()
+    _SPLIT[key] = out
+    return out
+
+
 class Attrs(dict):
     """A span's attributes with their indexed groups (`prefix.{i}.rest`) found in
     one pass over the keys, instead of one pass per prefix a reader asks for."""
@@ -52,14 +75,10 @@ class Attrs(dict):
         if self._groups is None:
             groups: dict[str, dict[int, dict[str, Any]]] = {}
             for key, value in self.items():
-                if not any(c.isdigit() for c in key):
-                    continue
-                parts = key.split(".")
-                for i in range(1, len(parts) - 1):
-                    if parts[i].isdigit():
-                        head, rest = ".".join(parts[:i]), ".".join(parts[i + 1:])
-                        groups.setdefault(head, {}).setdefault(int(parts[i]), {})[rest] = value
-                        break
+                split = _split_key(key)
+                if split is not None:
+                    head, i, rest = split
+                    groups.setdefault(head, {}).setdefault(i, {})[rest] = value
             self._groups = groups
         g = self._groups.get(prefix)
         return [g[i] for i in sorted(g)] if g else []
