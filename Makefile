@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet torch==2.13.0  # the tested build; a looser spec can pull a CUDA build of several GB
+	$(PY) -m pip install --quiet -e '.[train,test]'
 	touch $@
 
 demo: $(VENV)/.installed  ## the collector end to end: receive, make durable, Parquet, Polars

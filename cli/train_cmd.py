@@ -1,0 +1,155 @@
+"""`nightshift train`, `nightshift merge` and `nightshift checkpoints`: the trainer
+stage's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .settings import load
+
+DESCRIPTION = """Train the policy on the transitions dataset (one credit-assigned row per LLM
+call, from `nightshift build`) and write a new versioned checkpoint under
+--output: <output>/vNNNN/ with the LoRA adapter (or full weights), the
+tokenizer and chat template, and manifest.json (parent version, base model,
+algorithm and full config, dataset window, row counts and content hash,
+metrics before and after on a held-out split, code version).
+
+Algorithms:
+  pg   (default) LightningRL's single-step policy gradient: advantage-weighted
+       loss on the completion tokens, importance ratio against the logged
+       behaviour policy where rows carry token ids and logprobs that match
+       this tokenizer (PPO-clipped), optional KL to a reference
+  kto  TRL KTOTrainer, desirable = reward above kto.threshold
+  dpo  TRL DPOTrainer on same-prompt pairs within a task group
+  sft  TRL SFTTrainer on the best rows: the baseline to beat
+
+Runs on a GPU in bf16 with the fastest attention available, on a CPU in fp32.
+Several GPUs: the same command under `accelerate launch -m nightshift.cli train ...`
+or `torchrun --nproc_per_node N -m nightshift.cli train ...`. A run killed
+part-way resumes from its last trainer checkpoint when started again with the
+same settings on the same rows."""
+
+EPILOG = """YAML section `train:` (and top-level `data:`), e.g.:
+
+  train:
+    base_model: /models/Qwen2.5-1.5B-Instruct
+    served_model_name: Qwen/Qwen2.5-1.5B-Instruct   # the vLLM --model the adapter is for
+    output: s3://bucket/nightshift/checkpoints
+    algorithm: pg                   # pg | kto | dpo | sft
+    select: {since: 2025-11-01, agents: "writer|rewriter", models: [], require_reward: true}
+    lora: {r: 16, alpha: 32, target_modules: all-linear}
+    pg: {clip: ppo, epsilon: 0.2, kl_coef: 0.0, reference: base}
+    max_length: 4096
+    learning_rate: 1e-4
+    epochs: 1
+    batch_size: 8
+
+Environment: NIGHTSHIFT_DATA, NIGHTSHIFT_TRAIN_BASE_MODEL, NIGHTSHIFT_TRAIN_PG_KL_COEF, ...
+TensorBoard: `tensorboard --logdir <output>` (each version keeps its logs).
+Exit codes: 0 trained, 1 nothing sound to train on (the reason is printed), 2 bad settings."""
+
+
+def add_train(sub, common) -> None:
+    t = sub.add_parser("train", help="train on the transitions and write a versioned checkpoint",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(t)
+    t.add_argument("--base-model", dest="base_model", metavar="PATH", help="the model to train (a local folder)")
+    t.add_argument("--output", metavar="DIR|URL", help="where versions go (default ./nightshift-checkpoints)")
+    t.add_argument("--algorithm", metavar="ALGO", help="pg | kto | dpo | sft (default pg)")
+    t.add_argument("--served-model-name", dest="served_model_name", metavar="NAME",
+                   help="the base model's name on the serving engine, written into adapter_config.json")
+    t.add_argument("--init-adapter", dest="init_adapter", metavar="DIR",
+                   help="continue training this LoRA adapter (e.g. the published version)")
+    t.add_argument("--since", metavar="YYYY-MM-DD", help="first date of transitions to train on")
+    t.add_argument("--until", metavar="YYYY-MM-DD", help="last date")
+    t.add_argument("--agents", metavar="REGEX", help="train on these agents' calls only")
+    t.add_argument("--epochs", type=float, help="passes over the rows (default 1)")
+    t.add_argument("--max-steps", dest="max_steps", type=int, help="optimizer steps (overrides --epochs)")
+    t.add_argument("--learning-rate", dest="learning_rate", type=float, help="default 1e-4")
+    t.add_argument("--batch-size", dest="batch_size", type=int, help="rows per device per step (default 8)")
+    t.add_argument("--full", dest="full_finetune", action="store_const", const=True,
+                   help="full fine-tuning instead of LoRA")
+    t.add_argument("--chat-template", dest="chat_template", metavar="FILE",
+                   help="a Jinja chat template for tokenizers without one")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_train)
+
+    m = sub.add_parser("merge", help="merge a LoRA checkpoint into full weights",
+                       description="Merge the adapter of a checkpoint into its base model and save full weights "
+                       "(for vLLM's reload_weights or a blue-green restart). Written atomically.")
+    m.add_argument("checkpoint", metavar="CHECKPOINT", help="a version folder, e.g. nightshift-checkpoints/v0003")
+    m.add_argument("out", metavar="OUT", help="folder for the merged model")
+    m.add_argument("--base-model", dest="base_model", default="", metavar="PATH",
+                   help="the base model's local folder (default: the manifest's base_model)")
+    m.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    m.set_defaults(func=cmd_merge)
+
+    c = sub.add_parser("checkpoints", help="list the versions under a checkpoints folder",
+                       description="List committed versions with their algorithm, rows and held-out metrics.")
+    c.add_argument("--output", default="./nightshift-checkpoints", metavar="DIR|URL")
+    c.add_argument("--json", action="store_true", help="one JSON object per version")
+    c.set_defaults(func=cmd_checkpoints)
+
+
+def _flags(args: argparse.Namespace) -> dict:
+    names = ("data", "base_model", "output", "algorithm", "served_model_name", "init_adapter", "epochs", "max_steps",
+             "learning_rate", "batch_size", "full_finetune", "chat_template")
+    return {k: getattr(args, k, None) for k in names}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from nightshift.cli.main import _setup_logging
+    from nightshift.trainer.config import TrainConfig
+
+    cfg = load(TrainConfig, "train", args.config, _flags(args))
+    for flag, key in (("since", "since"), ("until", "until"), ("agents", "agents")):
+        if getattr(args, flag, None):
+            setattr(cfg.select, key, getattr(args, flag))
+    cfg.check()
+    _setup_logging(args.log_level or "warning")
+    from nightshift.trainer.run import train
+    from nightshift.trainer.select import TrainDataError
+
+    try:
+        result = train(cfg, progress=not args.quiet and sys.stderr.isatty())
+    except TrainDataError as e:
+        print(f"nightshift train: {e}", file=sys.stderr)
+        return 1
+    for line in result.lines():
+        print(line)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from nightshift.trainer.merge import MergeError, merge
+
+    try:
+        out = merge(args.checkpoint, args.out, args.base_model, args.dtype)
+    except MergeError as e:
+        print(f"nightshift merge: {e}", file=sys.stderr)
+        return 1
+    print(f"merged {args.checkpoint} into full weights at {out}")
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from nightshift.trainer.checkpoint import read_manifest, versions
+
+    found = versions(args.output)
+    if not found:
+        print(f"no checkpoints under {args.output}", file=sys.stderr)
+        return 1
+    for v in found:
+        m = read_manifest(f"{args.output.rstrip('/')}/{v}")
+        if args.json:
+            print(json.dumps({k: m.get(k) for k in ("version", "parent", "kind", "algorithm", "created", "dataset", "metrics")},
+                             default=str))
+            continue
+        after = (m.get("metrics", {}).get("eval", {}) or {}).get("after") or {}
+        ds = m.get("dataset", {})
+        print(f"{v}  {m.get('created', '')}  {m.get('algorithm', '?'):4} {m.get('kind', '?'):4} "
+              f"parent={m.get('parent') or '-':6} rows={ds.get('rows_trained', '?')} "
+              f"held-out nll={after.get('nll', float('nan')):.4f} adv-logp={after.get('adv_weighted_logp', float('nan')):.4f}")
+    return 0

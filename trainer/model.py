@@ -1,0 +1,135 @@
+"""Loading the policy, its tokenizer and the reference, the way the hardware
+wants: bf16 and the fastest attention on a GPU, fp32 and sdpa on a CPU; LoRA
+settings vLLM can serve (no DoRA, no bias, no `modules_to_save`). Nothing is
+downloaded: a base model is a local folder or already in the local cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import warnings
+
+import torch
+
+from .config import TrainConfig
+from .select import TrainDataError
+
+log = logging.getLogger("nightshift.trainer")
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a nightly job never reaches for the Hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# transformers 5 renames gradient_checkpointing; TRL's configs still set the old name.
+warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
+
+
+def on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def dtype_of(cfg: TrainConfig) -> torch.dtype:
+    if cfg.precision == "bf16":
+        return torch.bfloat16
+    if cfg.precision == "fp16":
+        return torch.float16
+    if cfg.precision == "fp32":
+        return torch.float32
+    return torch.bfloat16 if on_gpu() and torch.cuda.is_bf16_supported() else torch.float32
+
+
+def attention_of(cfg: TrainConfig) -> str:
+    if cfg.attention != "auto":
+        return cfg.attention
+    if on_gpu() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def _local(path: str, what: str) -> str:
+    if Path(path).is_dir():
+        return path
+    from huggingface_hub import try_to_load_from_cache
+
+    if try_to_load_from_cache(path, "config.json") is None and try_to_load_from_cache(path, "adapter_config.json") is None:
+        raise TrainDataError(f"{what} {path!r} is not a local folder and not in the local Hugging Face cache "
+                             "(nothing is downloaded at run time: save it to a folder first)")
+    return path
+
+
+def load_tokenizer(cfg: TrainConfig):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_local(cfg.base_model, "base_model"))
+    if cfg.chat_template:
+        try:
+            tok.chat_template = Path(cfg.chat_template).read_text()
+        except OSError as e:
+            raise TrainDataError(f"chat_template: cannot read {cfg.chat_template}: {e.strerror}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_base(cfg: TrainConfig, dtype: torch.dtype | None = None):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        _local(cfg.base_model, "base_model"), dtype=dtype or dtype_of(cfg), attn_implementation=attention_of(cfg))
+
+
+def lora_config(cfg: TrainConfig):
+    from peft import LoraConfig
+
+    targets = cfg.lora.target_modules
+    return LoraConfig(
+        r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        bias="none", use_dora=False, task_type="CAUSAL_LM",
+    )
+
+
+def load_policy(cfg: TrainConfig, base=None):
+    """The model to train: the base (full fine-tuning), the base with a fresh LoRA
+    adapter, or the base with `init_adapter` loaded trainable."""
+    base = base if base is not None else load_base(cfg)
+    if cfg.full_finetune:
+        return base
+    from peft import PeftModel, get_peft_model
+
+    if cfg.init_adapter:
+        return PeftModel.from_pretrained(base, _local(cfg.init_adapter, "init_adapter"), is_trainable=True)
+    return get_peft_model(base, lora_config(cfg))
+
+
+@contextlib.contextmanager
+def reference(cfg: TrainConfig, policy, which: str):
+    """Yields `fn(batch) -> (logprobs, logits)` of the reference policy: the base
+    model (the policy's adapter switched off for the call: no second copy) or the
+    policy training started from (`init`: the init adapter, loaded once beside)."""
+    from .pg import completion_logprobs
+
+    is_peft = hasattr(policy, "disable_adapter")
+    if is_peft and (which == "base" or not cfg.init_adapter):  # a fresh adapter starts as the base
+
+        def off(batch):
+            with policy.disable_adapter():
+                return completion_logprobs(policy, batch, with_logits=True)
+
+        yield off
+        return
+    ref = load_base(cfg)
+    if which == "init" and cfg.init_adapter:
+        from peft import PeftModel
+
+        ref = PeftModel.from_pretrained(ref, cfg.init_adapter)
+    ref.to(next(policy.parameters()).device).eval()
+    try:
+        yield lambda batch: completion_logprobs(ref, batch, with_logits=True)
+    finally:
+        del ref
+        if on_gpu():
+            torch.cuda.empty_cache()

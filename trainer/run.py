@@ -1,0 +1,305 @@
+"""`nightshift train`, top to bottom: select rows → render → split → shape for the
+algorithm → load the policy → evaluate it → train (resuming a killed run) →
+evaluate again → write the version. Everything a person needs to trust the run
+ends up in the summary and in the checkpoint's manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import platform
+import shutil
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import checkpoint as ckpt
+from . import examples as ex
+from .config import TrainConfig
+from .select import TrainDataError, select
+
+log = logging.getLogger("nightshift.trainer")
+
+
+@dataclass
+class TrainResult:
+    version: str
+    path: str
+    algorithm: str
+    rows_scanned: int
+    rows_selected: int
+    rows_trained: int
+    rows_eval: int
+    examples: int
+    excluded: dict[str, int]
+    logged: dict[str, int]
+    steps: int
+    tokens: int
+    seconds: float
+    train_loss: float
+    eval_before: dict[str, float] = field(default_factory=dict)
+    eval_after: dict[str, float] = field(default_factory=dict)
+    resumed_from: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"train: {self.algorithm} on {self.examples:,} example(s) from {self.rows_trained:,} row(s) -> "
+            f"{self.version} at {self.path}",
+            f"  rows: {self.rows_scanned:,} in the window, {self.rows_selected:,} selected, "
+            f"{self.rows_trained:,} trained on, {self.rows_eval:,} held out",
+        ]
+        for reason, n in sorted(self.excluded.items(), key=lambda kv: -kv[1]):
+            out.append(f"  left out: {n:,} {reason}")
+        lg = self.logged
+        if lg.get("match") or lg.get("drift"):
+            out.append(f"  logged token ids: {lg.get('match', 0):,} match this tokenizer "
+                       f"({lg.get('with_logprobs', 0):,} with logprobs: importance-weighted), "
+                       f"{lg.get('drift', 0):,} drifted (retokenized; ratio 1), {lg.get('none', 0):,} without ids (ratio 1)")
+        elif self.algorithm == "pg":
+            out.append(f"  no logged token ids: all {lg.get('none', 0):,} rows treated as on-policy (ratio 1)")
+        if lg.get("prompt renders differently alone (template)"):
+            out.append(f"  note: {lg['prompt renders differently alone (template)']:,} prompt(s) render differently "
+                       "alone than in context (the chat template); trained on the in-context form")
+        tps = self.tokens / self.seconds if self.seconds else 0.0
+        resumed = f", resumed from {self.resumed_from}" if self.resumed_from else ""
+        out.append(f"  {self.steps} step(s), {self.tokens:,} tokens in {self.seconds:.1f} s ({tps:,.0f} tokens/s), "
+                   f"train loss {self.train_loss:.4f}{resumed}")
+        if self.eval_after:
+            def fmt(k: str) -> str:
+                a, b = self.eval_before.get(k), self.eval_after.get(k)
+                return f"{a:.4f} -> {b:.4f}" if a is not None and b is not None else "n/a"
+            out.append(f"  held-out ({self.eval_after.get('rows', 0)} rows): nll {fmt('nll')}, "
+                       f"advantage-weighted logp {fmt('adv_weighted_logp')}, KL to reference {fmt('kl_to_reference')}")
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def _code_version() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("nightshift", "torch", "transformers", "trl", "peft", "accelerate"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    try:
+        here = Path(__file__).resolve().parent
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if sha.returncode == 0:
+            out["git"] = sha.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    out["python"] = platform.python_version()
+    return out
+
+
+def _run_key(cfg: TrainConfig, content_hash: str) -> str:
+    """Same settings and same rows: the same run, so a rerun resumes it."""
+    conf = dataclasses.asdict(cfg)
+    for k in ("logging_steps", "tensorboard", "work_dir", "save_steps"):
+        conf.pop(k, None)
+    return hashlib.sha256(json.dumps([conf, content_hash], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _work_dir(cfg: TrainConfig) -> Path:
+    if cfg.work_dir:
+        return Path(cfg.work_dir)
+    if ckpt.is_local(cfg.output):
+        return Path(cfg.output.removeprefix("file://")) / ".runs"
+    return Path("./nightshift-runs")
+
+
+def _parent(cfg: TrainConfig) -> str | None:
+    if cfg.init_adapter and Path(cfg.init_adapter, ckpt.MANIFEST).exists():
+        return ckpt.read_manifest(cfg.init_adapter).get("version")
+    return None
+
+
+def _last_checkpoint(trainer_dir: Path) -> str:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(trainer_dir)) if trainer_dir.is_dir() else ""
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
+    """Train one version. Raises `TrainDataError` (a clear message) when there is
+    nothing sound to train on."""
+    cfg.check()
+    t_start = time.time()
+
+    # 1. rows ----------------------------------------------------------------------
+    selection = select(cfg)
+    if not selection.rows:
+        reasons = ", ".join(f"{n} {r}" for r, n in selection.excluded.most_common()) or "the window is empty"
+        raise TrainDataError(f"no transitions to train on: {selection.scanned} row(s) in the window; left out: {reasons}")
+    from .model import attention_of, dtype_of, load_policy, load_tokenizer, on_gpu, reference
+    from .render import require_template
+
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    tok = load_tokenizer(cfg)
+    require_template(tok, cfg.base_model)
+    prepared = ex.prepare(cfg, tok, selection)
+    excluded = Counter(selection.excluded) + prepared.excluded
+    train_ex = prepared.train
+    if not train_ex:
+        why = ", ".join(f"{n} {r}" for r, n in excluded.most_common())
+        extra = f" (first template error: {prepared.first_error})" if prepared.first_error else ""
+        raise TrainDataError(f"no transitions left to train on after rendering: {why}{extra}")
+
+    # 2. the algorithm's examples ---------------------------------------------------------
+    eval_features = ex.pg_features(prepared.eval)
+    if cfg.algorithm == "pg":
+        rows = ex.pg_features(train_ex, cfg.pg.normalize_advantages)
+        left: Counter = Counter()
+    else:
+        shape = {"sft": ex.sft_examples, "kto": ex.kto_examples, "dpo": ex.dpo_examples}[cfg.algorithm]
+        rows, left = shape(cfg, train_ex)
+    excluded += left
+    if not rows:
+        why = ", ".join(f"{n} {r}" for r, n in left.most_common()) or "none"
+        raise TrainDataError(f"{cfg.algorithm}: no training examples from {len(train_ex)} row(s): {why}")
+
+    # 3. model, reference, evaluation before ----------------------------------------------
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    policy = load_policy(cfg)
+    if on_gpu() and not hasattr(policy, "hf_device_map"):
+        policy.to("cuda")
+    ref_which = cfg.pg.reference if cfg.algorithm == "pg" else "base"
+    with reference(cfg, policy, ref_which) as ref_fn:
+        eval_before = _evaluate(cfg, policy, eval_features, tok, ref_fn)
+        if cfg.algorithm == "pg" and cfg.pg.kl_coef > 0:
+            _attach_ref_logprobs(cfg, rows, tok, ref_fn, policy)
+
+    # 4. train --------------------------------------------------------------------------
+    run_key = _run_key(cfg, selection.content_hash())
+    run_dir = _work_dir(cfg) / run_key
+    trainer_dir = run_dir / "trainer"
+    resume = _last_checkpoint(trainer_dir)
+    if resume:
+        log.warning("resuming the interrupted run %s from %s", run_key, resume)
+    from .trainers import make_trainer
+
+    trainer = make_trainer(cfg, policy, tok, rows, trainer_dir, run_dir / "tensorboard", progress)
+    if not progress:
+        from transformers import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # quiet: the logs go to TensorBoard and the summary
+    out = trainer.train(resume_from_checkpoint=resume or None)
+    steps = trainer.state.global_step
+    tokens = int(trainer.state.num_input_tokens_seen or 0)
+    train_seconds = float(out.metrics.get("train_runtime", 0.0))
+    policy = trainer.model
+
+    # 5. evaluation after, on the main process --------------------------------------------
+    result_path = version = ""
+    eval_after: dict = {}
+    if trainer.is_world_process_zero():
+        with reference(cfg, policy, ref_which) as ref_fn:
+            eval_after = _evaluate(cfg, policy, eval_features, tok, ref_fn)
+        # 6. the version ------------------------------------------------------------------
+        ckpt.clean_stale(cfg.output)
+        staged = ckpt.staging_dir(cfg.output, _work_dir(cfg))
+        try:
+            kind = _save_model(cfg, trainer, tok, staged)
+            if (run_dir / "tensorboard").is_dir():
+                shutil.copytree(run_dir / "tensorboard", staged / "tensorboard")
+            manifest = {
+                "parent": _parent(cfg),
+                "kind": kind,
+                "base_model": cfg.base_model,
+                "served_model_name": cfg.served_name(),
+                "algorithm": cfg.algorithm,
+                "config": dataclasses.asdict(cfg),
+                "dataset": {
+                    "data": cfg.data, "since": selection.since or None, "until": selection.until or None,
+                    "rows_scanned": selection.scanned, "rows_selected": len(selection.rows),
+                    "rows_trained": len(train_ex), "examples": len(rows), "rows_eval": len(prepared.eval),
+                    "excluded": dict(excluded), "logged_token_ids": dict(prepared.logged),
+                    "content_hash": selection.content_hash(),
+                },
+                "metrics": {
+                    "train": {"loss": out.training_loss, "steps": steps, "tokens": tokens, "seconds": train_seconds,
+                              "tokens_per_second": tokens / train_seconds if train_seconds else None,
+                              "precision": str(dtype_of(cfg)).removeprefix("torch."), "attention": attention_of(cfg),
+                              "device": torch.cuda.get_device_name(0) if on_gpu() else "cpu",
+                              "resumed_from": Path(resume).name if resume else None},
+                    "eval": {"before": eval_before, "after": eval_after},
+                },
+                "code_version": _code_version(),
+            }
+            result_path = ckpt.commit(staged, manifest, cfg.output, cfg.storage_options)
+            version = manifest["version"]
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        shutil.rmtree(run_dir, ignore_errors=True)  # done: nothing left to resume
+    trainer.accelerator.wait_for_everyone()
+    notes = [prepared.split_note] if prepared.split_note else []
+    if prepared.first_error:
+        notes.append(f"first chat template error: {prepared.first_error}")
+    log.info("train: %s in %.1f s", version, time.time() - t_start)
+    return TrainResult(
+        version=version, path=result_path, algorithm=cfg.algorithm, rows_scanned=selection.scanned,
+        rows_selected=len(selection.rows), rows_trained=len(train_ex), rows_eval=len(prepared.eval),
+        examples=len(rows), excluded=dict(excluded), logged=dict(prepared.logged), steps=steps, tokens=tokens,
+        seconds=train_seconds, train_loss=float(out.training_loss), eval_before=eval_before,
+        eval_after=eval_after, resumed_from=Path(resume).name if resume else "", notes=notes,
+    )
+
+
+def _evaluate(cfg: TrainConfig, policy, features: list[dict], tok, ref_fn) -> dict:
+    from .evaluate import evaluate
+
+    if not features:
+        return {}
+    return evaluate(policy, features, tok.pad_token_id, cfg.eval_batch_size, cfg.packing, ref_fn)
+
+
+def _attach_ref_logprobs(cfg: TrainConfig, rows: list[dict], tok, ref_fn, policy) -> None:
+    """The reference's log-probs of every training token, computed once before
+    training (the reference does not change), for the KL penalty."""
+    import torch
+
+    from .pg import collate
+
+    device = next(policy.parameters()).device
+    policy.eval()
+    with torch.no_grad():
+        for i in range(0, len(rows), cfg.eval_batch_size):
+            chunk = rows[i : i + cfg.eval_batch_size]
+            batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, cfg.packing).items()}
+            logp, _ = ref_fn(batch)
+            seq = batch["tok_seq"].tolist()
+            values = logp.float().cpu().tolist()
+            for j, f in enumerate(chunk):
+                f["ref_logprobs"] = [v for v, s in zip(values, seq) if s == j]
+    policy.train()
+
+
+def _save_model(cfg: TrainConfig, trainer, tok, staged: Path) -> str:
+    """The trained weights into the staging folder: the adapter with the serving
+    engine's base name, or the full model; the tokenizer and its template."""
+    model = trainer.model
+    model = trainer.accelerator.unwrap_model(model)
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(staged)
+        ckpt.set_served_base(staged, cfg.served_name())
+        kind = "lora"
+    else:
+        model.save_pretrained(staged)
+        kind = "full"
+    tok.save_pretrained(staged)
+    return kind
+

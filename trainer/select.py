@@ -1,0 +1,158 @@
+"""Which transitions a run trains on: the transitions dataset scanned lazily
+(Polars over a pyarrow dataset, so any fsspec store works and date partitions
+are pruned before a byte is read), checked against the columns the trainer
+needs, filtered, and every row left out counted by reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import fsspec
+import polars as pl
+import pyarrow.dataset as pads
+
+from .config import TrainConfig
+
+
+class TrainDataError(ValueError):
+    """The data cannot be trained on: said plainly, before any model is loaded."""
+
+
+#: Columns every algorithm reads; a dataset without them is refused by name.
+REQUIRED = ("transition_id", "trajectory_id", "input_messages", "output_message", "reward")
+#: Read when present; filled with a default when a dataset lacks them.
+OPTIONAL = {
+    "group_id": pl.Utf8,
+    "tools": pl.Utf8,
+    "weight": pl.Float64,
+    "advantage": pl.Float64,
+    "agent_name": pl.Utf8,
+    "model": pl.Utf8,
+    "step": pl.Int32,
+    "start_time": pl.Datetime("ns", "UTC"),
+    "prompt_token_ids": pl.List(pl.Int32),
+    "completion_token_ids": pl.List(pl.Int32),
+    "completion_logprobs": pl.List(pl.Float32),
+}
+
+
+@dataclass
+class Selection:
+    rows: list[dict]
+    scanned: int = 0  # rows in the date window
+    excluded: Counter = field(default_factory=Counter)
+    since: str = ""
+    until: str = ""
+
+    def content_hash(self) -> str:
+        """Identifies what was trained on: the rows' ids, rewards and advantages."""
+        h = hashlib.sha256()
+        for r in sorted(self.rows, key=lambda r: r["transition_id"]):
+            h.update(f"{r['transition_id']}|{r['reward']!r}|{r.get('advantage')!r}\n".encode())
+        return h.hexdigest()
+
+
+def _files(cfg: TrainConfig) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    fs, root = fsspec.core.url_to_fs(cfg.data, **cfg.storage_options)
+    base = f"{root.rstrip('/')}/transitions"
+    if not fs.exists(base):
+        raise TrainDataError(f"no transitions dataset at {cfg.data.rstrip('/')}/transitions: run `nightshift build` first")
+    files = []
+    for path in sorted(fs.glob(f"{base}/**/*.parquet")):
+        day = next((p[5:] for p in path.split("/") if p.startswith("date=")), "")
+        if day and cfg.select.since and day < cfg.select.since:
+            continue
+        if day and cfg.select.until and day > cfg.select.until:
+            continue
+        files.append(path)
+    return fs, files
+
+
+def scan(cfg: TrainConfig) -> pl.LazyFrame:
+    """The transitions in the date window, lazily, with every column the trainer
+    reads present (optional ones filled), or a `TrainDataError` naming what is
+    missing."""
+    fs, files = _files(cfg)
+    window = f" between {cfg.select.since or 'the start'} and {cfg.select.until or 'the end'}" if (cfg.select.since or cfg.select.until) else ""
+    if not files:
+        raise TrainDataError(f"no transitions files under {cfg.data}{window}: nothing to train on")
+    dataset = pads.dataset(files, filesystem=fs, format="parquet")
+    names = set(dataset.schema.names)
+    missing = [c for c in REQUIRED if c not in names]
+    if cfg.algorithm == "pg" and "advantage" not in names:
+        missing.append("advantage")
+    if missing:
+        raise TrainDataError(
+            f"the transitions under {cfg.data} lack column(s) {', '.join(missing)} "
+            f"(have: {', '.join(sorted(names))}); rebuild them with `nightshift build`")
+    lf = pl.scan_pyarrow_dataset(dataset)
+    fill = [pl.lit(None, dtype).alias(c) for c, dtype in OPTIONAL.items() if c not in names]
+    if "weight" not in names:
+        fill = [e for e in fill if e.meta.output_name() != "weight"] + [pl.lit(1.0).alias("weight")]
+    return lf.with_columns(fill) if fill else lf
+
+
+def _count(lf: pl.LazyFrame) -> int:
+    return lf.select(pl.len()).collect().item()
+
+
+def select(cfg: TrainConfig) -> Selection:
+    """Rows to train on, and every row left out counted by why."""
+    lf = scan(cfg)
+    sel = cfg.select
+    excluded: Counter = Counter()
+    scanned = n = _count(lf)
+    if sel.agents:
+        lf = lf.filter(pl.col("agent_name").fill_null("").str.contains(sel.agents))
+        excluded["agent not selected"], n = n - (m := _count(lf)), m
+    if sel.models:
+        lf = lf.filter(pl.col("model").is_in(sel.models))
+        excluded["model not selected"], n = n - (m := _count(lf)), m
+    if sel.max_rows and n > sel.max_rows:
+        order = ["start_time", "transition_id"] if "start_time" in lf.collect_schema().names() else ["transition_id"]
+        lf = lf.sort(order).tail(sel.max_rows)
+        excluded["over select.max_rows (oldest left out)"] = n - sel.max_rows
+    df = lf.select(["transition_id", "trajectory_id", "input_messages", "output_message", "reward", *OPTIONAL]).collect()
+    rows = []
+    for r in df.iter_rows(named=True):
+        reason = _unusable(r, cfg)
+        if reason:
+            excluded[reason] += 1
+            continue
+        if r["weight"] is None or not math.isfinite(r["weight"]) or r["weight"] < 0:
+            r["weight"] = 1.0
+        rows.append(r)
+    return Selection(rows=rows, scanned=scanned, excluded=+excluded, since=sel.since, until=sel.until)
+
+
+def _unusable(r: dict, cfg: TrainConfig) -> str:
+    """Why a row cannot be trained on, or "" when it can."""
+    reward = r["reward"]
+    if reward is None:
+        if cfg.select.require_reward or cfg.algorithm != "pg":
+            return "no reward"
+    elif not math.isfinite(reward):
+        return "reward not finite (NaN or infinite)"
+    if cfg.algorithm == "pg":
+        adv = r["advantage"]
+        if adv is None:
+            return "no advantage (a call the credit strategy left uncredited)"
+        if not math.isfinite(adv):
+            return "advantage not finite (NaN or infinite)"
+    out = r["output_message"]
+    if out is None or (not out.get("content") and not out.get("tool_calls")):
+        return "no output message (content not captured)"
+    return ""
+
+
+def held_out(trajectory_id: str, fraction: float) -> bool:
+    """Whether a trajectory is in the evaluation split: a stable hash, so every call
+    of a trajectory lands on the same side and reruns split the same way."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.blake2b(trajectory_id.encode(), digest_size=8).digest(), "big")
+    return (h / 2**64) < fraction
