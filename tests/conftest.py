@@ -144,3 +144,11 @@ def read_spans(data: Path):
 
 def read_logs(data: Path):
     return read_dataset(data, "logs")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny Qwen2-shaped chat model and tokenizer, built offline once per session."""
+    from nightshift.trainer.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")

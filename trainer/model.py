@@ -54,7 +54,11 @@ def _local(path: str, what: str) -> str:
         return path
     from huggingface_hub import try_to_load_from_cache
 
-    if try_to_load_from_cache(path, "config.json") is None and try_to_load_from_cache(path, "adapter_config.json") is None:
+    try:
+        cached = any(isinstance(try_to_load_from_cache(path, f), str) for f in ("config.json", "adapter_config.json"))
+    except Exception:  # noqa: BLE001 - not even a valid repo id
+        cached = False
+    if not cached:
         raise TrainDataError(f"{what} {path!r} is not a local folder and not in the local Hugging Face cache "
                              "(nothing is downloaded at run time: save it to a folder first)")
     return path

@@ -123,9 +123,21 @@ def _parent(cfg: TrainConfig) -> str | None:
 
 
 def _last_checkpoint(trainer_dir: Path) -> str:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(str(trainer_dir)) if trainer_dir.is_dir() else ""
+    """The newest complete trainer checkpoint: the Trainer writes
+    trainer_state.json last, so a folder without a readable one was cut short by
+    the kill and is removed (the one before it is used)."""
+    if not trainer_dir.is_dir():
+        return ""
+    found = sorted((d for d in trainer_dir.glob("checkpoint-*") if d.name.split("-")[-1].isdigit()),
+                   key=lambda d: int(d.name.split("-")[-1]), reverse=True)
+    for d in found:
+        try:
+            json.loads((d / "trainer_state.json").read_text())
+            return str(d)
+        except (OSError, json.JSONDecodeError):
+            log.warning("trainer checkpoint %s is incomplete (killed while saving); removing it", d)
+            shutil.rmtree(d, ignore_errors=True)
+    return ""
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
