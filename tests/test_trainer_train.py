@@ -67,10 +67,11 @@ def _load(tiny_model: Path, version: str | None):
     return model.eval(), AutoTokenizer.from_pretrained(tiny_model)
 
 
-@pytest.mark.parametrize("algorithm", ["pg", "kto", "dpo", "sft"])
-def test_each_algorithm_trains_and_writes_a_version_vllm_can_load(tmp_path, tiny_model, algorithm):
+@pytest.mark.parametrize("algorithm,packing", [("pg", "auto"), ("kto", "auto"), ("dpo", "auto"), ("sft", "auto"),
+                                               ("sft", "on")])
+def test_each_algorithm_trains_and_writes_a_version_vllm_can_load(tmp_path, tiny_model, algorithm, packing):
     write(tmp_path / "data", _pairs(12, tools=True) + _pairs(12))
-    res = train(_cfg(tmp_path, tiny_model, algorithm=algorithm), progress=False)
+    res = train(_cfg(tmp_path, tiny_model, algorithm=algorithm, packing=packing), progress=False)
     assert res.version == "v0001" and res.steps == 4 and res.tokens > 0
     vdir = Path(res.path)
     assert vdir == tmp_path / "ckpt" / "v0001"
@@ -95,8 +96,8 @@ def test_each_algorithm_trains_and_writes_a_version_vllm_can_load(tmp_path, tiny
     assert _logp(model, tok, "What is 1 + 1?", GOOD) != pytest.approx(_logp(base, tok, "What is 1 + 1?", GOOD), abs=1e-6)
 
 
-@pytest.mark.parametrize("flip", [False, True])
-def test_pg_raises_the_log_probability_of_the_rewarded_answer(tmp_path, tiny_model, flip):
+@pytest.mark.parametrize("flip,packing", [(False, "off"), (True, "off"), (False, "on")])
+def test_pg_raises_the_log_probability_of_the_rewarded_answer(tmp_path, tiny_model, flip, packing):
     q = "What is 2 + 2?"
     ra, rb = (0.0, 1.0) if flip else (1.0, 0.0)
     rows = [row(q, GOOD, ra, advantage=ra - 0.5, group=q, trajectory=f"a{i:031d}") for i in range(8)]
@@ -104,7 +105,7 @@ def test_pg_raises_the_log_probability_of_the_rewarded_answer(tmp_path, tiny_mod
     write(tmp_path / "data", rows)
     base, tok = _load(tiny_model, None)
     before = _logp(base, tok, q, GOOD) - _logp(base, tok, q, BAD)
-    res = train(_cfg(tmp_path, tiny_model, max_steps=12, eval_fraction=0.0), progress=False)
+    res = train(_cfg(tmp_path, tiny_model, max_steps=12, eval_fraction=0.0, packing=packing), progress=False)
     model, _ = _load(tiny_model, res.path)
     after = _logp(model, tok, q, GOOD) - _logp(model, tok, q, BAD)
     if flip:

@@ -116,7 +116,10 @@ class TrainConfig:
     (> 0 wins). `eval_fraction`: trajectories held out (by a hash of their id)
     for evaluation. `precision`: auto = bf16 on a GPU that has it, else fp32.
     `attention`: auto = flash_attention_2 when installed on a GPU, else sdpa.
-    `packing`: padding-free batches (sequences concatenated, positions restart).
+    `packing`: padding-free batches (sequences concatenated, positions restart):
+    `auto` = on with flash-attention (its varlen kernel keeps each sequence to
+    itself at no cost), off otherwise (sdpa would need a dense mask over the
+    whole pack: padded batches grouped by length are faster there); `on`/`off`.
     `save_steps`: trainer checkpoints a killed run resumes from. `work_dir`:
     local scratch for those checkpoints and TensorBoard logs (default
     `<output>/.runs` for a local output, `./nightshift-runs` for a remote one)."""
@@ -144,7 +147,7 @@ class TrainConfig:
     precision: str = "auto"
     attention: str = "auto"
     compile: bool = False
-    packing: bool = True
+    packing: str = "auto"
     gradient_checkpointing: bool = False
     save_steps: int = 200
     logging_steps: int = 10
@@ -174,6 +177,8 @@ class TrainConfig:
             raise SettingsError(f"pg.reference must be one of {', '.join(REFERENCES)}, got {self.pg.reference!r}")
         if self.precision not in PRECISIONS:
             raise SettingsError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.packing not in ("auto", "on", "off"):
+            raise SettingsError(f"packing must be auto, on or off, got {self.packing!r}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise SettingsError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
         for name in ("max_length", "batch_size", "grad_accum", "eval_batch_size", "save_steps", "logging_steps"):

@@ -49,6 +49,13 @@ def attention_of(cfg: TrainConfig) -> str:
     return "sdpa"
 
 
+def packed(cfg: TrainConfig) -> bool:
+    """Padding-free batches: with a varlen flash-attention kernel only, unless asked."""
+    if cfg.packing != "auto":
+        return cfg.packing == "on"
+    return attention_of(cfg).startswith("flash_attention")
+
+
 def _local(path: str, what: str) -> str:
     if Path(path).is_dir():
         return path

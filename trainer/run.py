@@ -158,6 +158,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+        import datasets
+
+        datasets.disable_progress_bars()
     tok = load_tokenizer(cfg)
     require_template(tok, cfg.base_model)
     prepared = ex.prepare(cfg, tok, selection)
@@ -205,9 +208,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
 
     trainer = make_trainer(cfg, policy, tok, rows, trainer_dir, run_dir / "tensorboard", progress)
     if not progress:
-        from transformers import PrinterCallback
+        from transformers import PrinterCallback, ProgressCallback
 
-        trainer.remove_callback(PrinterCallback)  # quiet: the logs go to TensorBoard and the summary
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)  # quiet: the logs go to TensorBoard and the summary
     out = trainer.train(resume_from_checkpoint=resume or None)
     steps = trainer.state.global_step
     tokens = int(trainer.state.num_input_tokens_seen or 0)
@@ -276,7 +280,9 @@ def _evaluate(cfg: TrainConfig, policy, features: list[dict], tok, ref_fn) -> di
 
     if not features:
         return {}
-    return evaluate(policy, features, tok.pad_token_id, cfg.eval_batch_size, cfg.packing, ref_fn)
+    from .model import packed
+
+    return evaluate(policy, features, tok.pad_token_id, cfg.eval_batch_size, packed(cfg), ref_fn)
 
 
 def _attach_ref_logprobs(cfg: TrainConfig, rows: list[dict], tok, ref_fn, policy) -> None:
@@ -284,6 +290,7 @@ def _attach_ref_logprobs(cfg: TrainConfig, rows: list[dict], tok, ref_fn, policy
     training (the reference does not change), for the KL penalty."""
     import torch
 
+    from .model import packed
     from .pg import collate
 
     device = next(policy.parameters()).device
@@ -291,7 +298,7 @@ def _attach_ref_logprobs(cfg: TrainConfig, rows: list[dict], tok, ref_fn, policy
     with torch.no_grad():
         for i in range(0, len(rows), cfg.eval_batch_size):
             chunk = rows[i : i + cfg.eval_batch_size]
-            batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, cfg.packing).items()}
+            batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, packed(cfg)).items()}
             logp, _ = ref_fn(batch)
             seq = batch["tok_seq"].tolist()
             values = logp.float().cpu().tolist()

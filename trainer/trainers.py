@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import TrainConfig
-from .model import dtype_of, on_gpu
+from .model import dtype_of, on_gpu, packed
 
 
 def common_args(cfg: TrainConfig, out_dir: Path, progress: bool) -> dict:
@@ -77,15 +77,20 @@ def make_trainer(cfg: TrainConfig, model, tok, rows: list[dict], out_dir: Path, 
 
         from .pg import PGCollator, PGTrainer
 
+        if not packed(cfg):
+            args["train_sampling_strategy"] = "group_by_length"  # little padding without packing
         return PGTrainer(model=model, args=TrainingArguments(**args, remove_unused_columns=False),
-                         train_dataset=_Rows(rows), data_collator=PGCollator(tok.pad_token_id, cfg.packing),
+                         train_dataset=_Rows(rows), data_collator=PGCollator(tok.pad_token_id, packed(cfg)),
                          processing_class=tok, callbacks=callbacks, pg=cfg.pg)
     from datasets import Dataset
 
     if cfg.algorithm == "sft":
         from trl import SFTConfig, SFTTrainer
 
-        conf = SFTConfig(**args, max_length=cfg.max_length, packing=cfg.packing, completion_only_loss=True)
+        if not packed(cfg):
+            args["train_sampling_strategy"] = "group_by_length"
+        conf = SFTConfig(**args, max_length=cfg.max_length, packing=packed(cfg), padding_free=packed(cfg),
+                         completion_only_loss=True)
         return SFTTrainer(model=model, args=conf, train_dataset=Dataset.from_list(rows), processing_class=tok,
                           callbacks=callbacks)
     dataset = Dataset.from_list(rows, on_mixed_types="use_json")
