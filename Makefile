@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[train,test]'
 	touch $@
 
-demo: $(VENV)/.installed  ## the collector end to end: receive, make durable, Parquet, Polars
+demo: $(VENV)/.installed  ## end to end: receive spans, Parquet, transitions, train a tiny model on CPU
 	$(PY) examples/collector_demo.py
 
 test: $(VENV)/.installed  ## the whole test suite

@@ -149,7 +149,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             continue
         after = (m.get("metrics", {}).get("eval", {}) or {}).get("after") or {}
         ds = m.get("dataset", {})
+        held = (f"held-out nll={after['nll']:.4f} adv-logp={after.get('adv_weighted_logp', float('nan')):.4f}"
+                if "nll" in after else "held-out: none")
         print(f"{v}  {m.get('created', '')}  {m.get('algorithm', '?'):4} {m.get('kind', '?'):4} "
-              f"parent={m.get('parent') or '-':6} rows={ds.get('rows_trained', '?')} "
-              f"held-out nll={after.get('nll', float('nan')):.4f} adv-logp={after.get('adv_weighted_logp', float('nan')):.4f}")
+              f"parent={m.get('parent') or '-':6} rows={ds.get('rows_trained', '?')} {held}")
     return 0

@@ -1,11 +1,13 @@
-"""`make demo`: collector and transform end to end on embedded defaults.
+"""`make demo`: collector, transform and trainer end to end on embedded defaults.
 
 Starts `nightshift collect` (gRPC :4317, HTTP :4318, data in ./nightshift-data),
 runs a small OpenTelemetry-instrumented program that knows nothing of Nightshift
 (only OTEL_EXPORTER_OTLP_ENDPOINT points it here), posts delayed feedback for its
 runs to `/v1/feedback`, stops the collector with SIGTERM (it drains and flushes),
 shows the spans with Polars, then builds the transitions dataset with
-`nightshift build` and shows one credit-assigned row per LLM call.
+`nightshift build` and shows one credit-assigned row per LLM call, then trains a
+tiny model (built offline, CPU) on them with `nightshift train` and lists the
+versioned checkpoint.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _free(port: int) -> int:
 
 def main() -> int:
     grpc_port, http_port = _free(4317), _free(4318)
-    print(f"1/5 starting the collector: nightshift collect --data {DATA}")
+    print(f"1/6 starting the collector: nightshift collect --data {DATA}")
     col = subprocess.Popen(
         [sys.executable, "-m", "nightshift.cli", "collect", "--data", str(DATA),
          "--grpc", f"127.0.0.1:{grpc_port}", "--http", f"127.0.0.1:{http_port}"],
@@ -54,7 +56,7 @@ def main() -> int:
                     return 1
                 time.sleep(0.1)
         endpoint = f"http://127.0.0.1:{grpc_port}"
-        print(f"2/5 running an instrumented program with OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}")
+        print(f"2/6 running an instrumented program with OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}")
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "demo-agent"})
         app = subprocess.run([sys.executable, str(HERE / "otel_app.py"), "5"], env=env, capture_output=True, text=True)
@@ -71,16 +73,16 @@ def main() -> int:
         accepted = [ln for ln in metrics.splitlines() if ln.startswith("nightshift_accepted_total")]
         print("    collector /metrics: " + "; ".join(accepted))
     finally:
-        print("3/5 stopping the collector (SIGTERM: drain, flush to Parquet, exit 0)")
+        print("3/6 stopping the collector (SIGTERM: drain, flush to Parquet, exit 0)")
         col.send_signal(signal.SIGTERM)
         rc = col.wait(120)
     if rc != 0:
         return rc
-    print("4/5 the spans, with Polars:  pl.scan_parquet('nightshift-data/spans/**/*.parquet', hive_partitioning=True)\n")
+    print("4/6 the spans, with Polars:  pl.scan_parquet('nightshift-data/spans/**/*.parquet', hive_partitioning=True)\n")
     rc = subprocess.call([sys.executable, "-m", "nightshift.cli", "show", "--data", str(DATA), "--rows", "5"])
     if rc != 0:
         return rc
-    print(f"\n5/5 transitions: nightshift build --data {DATA} --settle 0\n")
+    print(f"\n5/6 transitions: nightshift build --data {DATA} --settle 0\n")
     rc = subprocess.call([sys.executable, "-m", "nightshift.cli", "build", "--data", str(DATA), "--settle", "0"])
     if rc != 0:
         return rc
@@ -91,7 +93,19 @@ def main() -> int:
         print(t.select("trajectory_id", "step", "agent_name", "model", pl.col("input_messages").list.len().alias("n_in"),
                        pl.col("output_message").struct.field("content").alias("output"), "reward", "reward_source",
                        "advantage", "convention").head(6))
-    return 0
+    model = DATA / "models" / "tiny-qwen2"
+    if not (model / "config.json").exists():
+        from nightshift.trainer.tiny import save_tiny
+
+        save_tiny(model)  # a two-layer Qwen2-shaped model and tokenizer, built from a config: no download
+    ckpts = DATA / "checkpoints"
+    print(f"\n6/6 training: nightshift train --data {DATA} --base-model {model} --output {ckpts} --max-steps 8\n")
+    rc = subprocess.call([sys.executable, "-m", "nightshift.cli", "train", "--data", str(DATA), "--base-model", str(model),
+                          "--output", str(ckpts), "--max-steps", "8", "--batch-size", "2", "--learning-rate", "1e-3",
+                          "--quiet"])
+    if rc != 0:
+        return rc
+    return subprocess.call([sys.executable, "-m", "nightshift.cli", "checkpoints", "--output", str(ckpts)])
 
 
 if __name__ == "__main__":
