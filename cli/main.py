@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .train_cmd import add_train
 
     add_train(sub, common)
+    from .serve_cmd import add_serve
+
+    add_serve(sub)
     return p
 
 

@@ -1,0 +1,110 @@
+"""`nightshift serve`: the model server agents talk to and `nightshift publish`
+publishes to. vLLM in production; a transformers stand-in where vLLM cannot run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+
+DESCRIPTION = """Serve the policy over vLLM's OpenAI-compatible API with LoRA adapters loadable at
+run time, so `nightshift publish` can put each new version in front of the agents.
+
+--engine vllm (production, needs a GPU) starts `vllm serve` with the flags
+Nightshift needs: --enable-lora, --max-lora-rank, --max-loras, a tool-call parser,
+and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment.
+
+--engine transformers is a stand-in for machines without a GPU (a laptop, CI, the
+demo): transformers + peft behind the same API subset (POST /v1/chat/completions
+with streaming, tools, logprobs and return_token_ids; GET /v1/models; POST
+/v1/load_lora_adapter and /v1/unload_lora_adapter with vLLM's exact request and
+response shapes; "model": <adapter name> selects the adapter). It really loads
+the adapters, one request at a time, on the CPU: not vLLM's speed."""
+
+EPILOG = """Examples:
+  nightshift serve --engine vllm --model Qwen/Qwen2.5-1.5B-Instruct --max-lora-rank 64
+  nightshift serve --engine transformers --model nightshift-data/models/tiny-qwen2 --port 8000
+  nightshift serve --engine vllm --model /models/q --dry-run     # print the vllm command only
+
+Then: OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for the agents, and
+`nightshift publish --checkpoint nightshift-checkpoints/v0001 --vllm-url http://127.0.0.1:8000`."""
+
+
+def add_serve(sub) -> None:
+    s = sub.add_parser("serve", help="serve the model (vLLM, or a transformers stand-in without a GPU)",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+    s.add_argument("--model", required=True, metavar="PATH|NAME", help="the base model")
+    s.add_argument("--served-model-name", dest="served_model_name", default="", metavar="NAME",
+                   help="the name clients use for the base (default: --model)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", dest="api_key", default=os.environ.get("VLLM_API_KEY", ""),
+                   help="require `Authorization: Bearer KEY` on /v1 (default: $VLLM_API_KEY)")
+    s.add_argument("--max-lora-rank", dest="max_lora_rank", type=int, default=16, help="largest adapter rank (default 16)")
+    s.add_argument("--max-loras", dest="max_loras", type=int, default=4,
+                   help="adapters kept loaded at once (default 4: today's, yesterday's, a stable name, a spare)")
+    s.add_argument("--tool-call-parser", dest="tool_call_parser", default="hermes",
+                   help="vLLM's parser for the model's tool-call format (default hermes: Qwen, Hermes)")
+    s.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    s.add_argument("--dry-run", dest="dry_run", action="store_true", help="vllm: print the command and exit")
+    s.add_argument("--log-level", dest="log_level", default="info")
+    s.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more flags passed to `vllm serve`")
+    s.set_defaults(func=cmd_serve)
+
+
+def vllm_command(args: argparse.Namespace) -> list[str]:
+    cmd = ["vllm", "serve", args.model, "--host", args.host, "--port", str(args.port), "--enable-lora",
+           "--max-lora-rank", str(args.max_lora_rank), "--max-loras", str(args.max_loras),
+           "--max-cpu-loras", str(max(args.max_loras, 2 * args.max_loras)),
+           "--enable-auto-tool-choice", "--tool-call-parser", args.tool_call_parser]
+    if args.served_model_name:
+        cmd += ["--served-model-name", args.served_model_name]
+    if args.api_key:
+        cmd += ["--api-key", args.api_key]
+    if args.dtype != "auto":
+        cmd += ["--dtype", {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype]]
+    return cmd + [a for a in (args.extra or []) if a != "--"]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from nightshift.cli.main import _setup_logging
+
+    _setup_logging(args.log_level)
+    if args.engine == "vllm":
+        cmd = vllm_command(args)
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        print("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True " + " ".join(cmd), flush=True)
+        if args.dry_run:
+            return 0
+        if not shutil.which("vllm"):
+            print("nightshift serve: `vllm` is not installed here (its wheel needs a CUDA GPU). Install it where the "
+                  "GPU is (`pip install vllm`), or use --engine transformers on a machine without one.", file=sys.stderr)
+            return 2
+        os.execvpe("vllm", cmd, env)
+    from nightshift.trainer.serve_engine import Engine
+    from nightshift.trainer.serve_http import serve
+
+    if not os.path.isdir(args.model):
+        print(f"nightshift serve: --model {args.model} is not a local folder (nothing is downloaded)", file=sys.stderr)
+        return 2
+    engine = Engine(args.model, args.served_model_name, args.max_lora_rank, args.max_loras, args.dtype)
+    server = serve(engine, args.host, args.port, args.api_key)
+    stop = threading.Event()
+
+    def on_term(*_):
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    logging.getLogger("nightshift.serve").warning(
+        "transformers engine (a stand-in for vLLM: same API, CPU speed) serving %s on http://%s:%d/v1",
+        engine.served_name, args.host, server.server_address[1])
+    server.serve_forever()
+    server.server_close()
+    return 0
