@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve_cmd import add_serve
 
     add_serve(sub)
+    from .publish_cmd import add_publish
+
+    add_publish(sub, common)
     return p
 
 

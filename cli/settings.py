@@ -118,7 +118,8 @@ def load(cls: type, section: str, config_file: str | None = None, flags: dict | 
             raise SettingsError(f"{config_file} is not valid YAML: {e}") from None
         if not isinstance(doc, dict):
             raise SettingsError(f"{config_file}: expected a mapping at the top level")
-        top = {k: doc[k] for k in SHARED if k in doc}
+        names = {f.name for f in dataclasses.fields(obj)}
+        top = {k: doc[k] for k in SHARED if k in doc and k in names}
         sec = doc.get(section) or {}
         if not isinstance(sec, dict):
             raise SettingsError(f"{config_file}: `{section}:` must be a mapping")

@@ -152,3 +152,102 @@ def tiny_model(tmp_path_factory) -> Path:
     from nightshift.trainer.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-qwen2")
+
+
+@dataclass
+class ServeProcess:
+    """`nightshift serve --engine transformers` as a real process on a free port."""
+
+    model: Path
+    log_path: Path
+    served_name: str = "tiny"
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "ServeProcess":
+        cmd = [sys.executable, "-m", "nightshift.cli", "serve", "--engine", "transformers", "--model", str(self.model),
+               "--served-model-name", self.served_name, "--port", str(self.port), *self.extra_args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1", **self.env})
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=1)
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"serve not healthy after {timeout}s:\n{self.log_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-8000:]
+        except OSError:
+            return ""
+
+    def models(self) -> dict[str, dict]:
+        with urllib.request.urlopen(f"{self.url}/v1/models", timeout=10) as r:
+            return {m["id"]: m for m in json.loads(r.read())["data"]}
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@pytest.fixture
+def serve_factory(tmp_path, tiny_model, request):
+    started: list[ServeProcess] = []
+
+    def make(**kw) -> ServeProcess:
+        kw.setdefault("model", tiny_model)
+        s = ServeProcess(log_path=tmp_path / f"serve-{len(started)}.log", **kw)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        for s in started:
+            print(f"--- serve log {s.log_path} ---\n{s.log_text()}")
+
+
+@pytest.fixture(scope="session")
+def tool_adapter(tmp_path_factory, tiny_model) -> Path:
+    """A LoRA version (r=64) that makes the tiny model answer "What is 12 * 7?" with
+    a calculator tool call: an adapter whose effect shows in the served text."""
+    from nightshift.cli.settings import _apply
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.trainer.run import train
+    from transitions_data import CALC_TOOL, msg, row, write
+
+    root = tmp_path_factory.mktemp("tool-adapter")
+    call = msg("assistant", None, tool_calls=[{"id": "c1", "name": "calculator", "arguments": {"expression": "12*7"}}])
+    write(root / "data", [row("What is 12 * 7?", call, 1.0, tools=CALC_TOOL, trajectory=f"{i:032x}") for i in range(16)])
+    cfg = TrainConfig()
+    _apply(cfg, dict(data=str(root / "data"), base_model=str(tiny_model), output=str(root / "ck"), algorithm="sft",
+                     max_steps=60, batch_size=4, learning_rate=5e-3, warmup=0.1, eval_fraction=0.0, tensorboard=False,
+                     served_model_name="tiny", lora={"r": 64, "alpha": 128}), "fixture")
+    return Path(train(cfg, progress=False).path)

@@ -153,6 +153,7 @@ class TrainConfig:
     logging_steps: int = 10
     tensorboard: bool = True
     work_dir: str = ""
+    tag: str = ""  # a label kept in the manifest (the nightly job writes its run id here)
     storage_options: dict = field(default_factory=dict)
     select: SelectConfig = field(default_factory=SelectConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)

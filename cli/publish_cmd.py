@@ -1,0 +1,167 @@
+"""`nightshift publish`, `nightshift rollback` and `nightshift nightly`: a version
+in front of the agents, and the scheduled job that does it every night."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .settings import load
+
+PUBLISH_DESC = """Put a checkpoint version in front of the agents on a running vLLM server (or
+`nightshift serve --engine transformers`).
+
+LoRA (default): checks the adapter against vLLM's rules and the server's base
+model, places it in a folder of its own per version, POST /v1/load_lora_adapter
+as <name>@<version> (plus --stable-name, reloaded in place), verifies with GET
+/v1/models and one chat completion, records it in <checkpoints>/published.json
+(atomically, only after verification), and unloads versions beyond --keep.
+Publishing the same version again changes nothing. The server needs
+--enable-lora, a --max-lora-rank at least the adapter's rank, and
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (`nightshift serve --engine vllm` sets them).
+
+--mode full merges the adapter and reloads the weights in place with
+POST /collective_rpc {"method": "reload_weights"} and /reset_prefix_cache, which
+exist only on a server started with VLLM_SERVER_DEV_MODE=1 (keep those routes
+private: --api-key does not guard them). The production-safe alternative:
+start a second server on the merged folder, switch traffic, stop the old one
+(blue-green).
+
+Exit codes: 0 published and verified, 1 refused or failed (the server's message
+is printed verbatim; the registry is unchanged)."""
+
+
+def _publish_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vllm-url", dest="vllm_url", required=True, metavar="URL", help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--name", default="policy", help="adapters are named <name>@<version> (default policy)")
+    p.add_argument("--api-key", dest="api_key", default="", help="the server's --api-key")
+    p.add_argument("--stable-name", dest="stable_name", default="",
+                   help="also serve the version under this fixed name (reloaded in place)")
+    p.add_argument("--adapter-root", dest="adapter_root", default="",
+                   help="copy the adapter into a folder of its own here, where the server can read it "
+                        "(default: load it from the checkpoint folder)")
+    p.add_argument("--keep", type=int, default=3, help="versions left loaded (default 3)")
+    p.add_argument("--max-lora-rank", dest="max_lora_rank", type=int, default=0,
+                   help="the server's --max-lora-rank, to refuse a larger adapter before loading")
+    p.add_argument("--mode", choices=["lora", "full"], default="lora")
+    p.add_argument("--base-model", dest="base_model", default="", help="--mode full: the base's local folder for merging")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (loads get longer)")
+    p.add_argument("--retries", type=int, default=4, help="retries on transient errors, with backoff")
+
+
+def add_publish(sub, common) -> None:
+    p = sub.add_parser("publish", help="publish a checkpoint version to a running vLLM server",
+                       description=PUBLISH_DESC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a version folder, e.g. nightshift-checkpoints/v0003")
+    _publish_args(p)
+    p.set_defaults(func=cmd_publish)
+
+    r = sub.add_parser("rollback", help="publish the version before the one serving",
+                       description="Publish again the newest version older than the one serving this name on this "
+                       "server (from <checkpoints>/published.json), verified like any publication.")
+    r.add_argument("--checkpoints", required=True, metavar="DIR", help="the checkpoints folder")
+    _publish_args(r)
+    r.set_defaults(func=cmd_rollback)
+
+    n = sub.add_parser("nightly", help="build, train, gate and publish: the scheduled job",
+                       description=NIGHTLY_DESC, epilog=NIGHTLY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(n)
+    n.add_argument("--quiet", action="store_true", help="no progress bars")
+    n.set_defaults(func=cmd_nightly)
+
+
+def _kw(args: argparse.Namespace) -> dict:
+    return dict(name=args.name, api_key=args.api_key, stable_name=args.stable_name, adapter_root=args.adapter_root,
+                keep=args.keep, max_lora_rank=args.max_lora_rank, base_model=args.base_model, timeout=args.timeout,
+                retries=args.retries)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from nightshift.cli.main import _setup_logging
+    from nightshift.trainer.publish import PublishError, publish
+    from nightshift.trainer.vllm_client import VLLMError
+
+    _setup_logging("warning")
+    try:
+        result = publish(args.checkpoint, args.vllm_url, mode=args.mode, **_kw(args))
+    except (PublishError, VLLMError) as e:
+        print(f"nightshift publish: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(result.lines()))
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from nightshift.cli.main import _setup_logging
+    from nightshift.trainer.publish import PublishError, rollback
+    from nightshift.trainer.vllm_client import VLLMError
+
+    _setup_logging("warning")
+    kw = _kw(args)
+    kw.pop("name")
+    try:
+        result = rollback(args.checkpoints, args.vllm_url, name=args.name, **kw)
+    except (PublishError, VLLMError) as e:
+        print(f"nightshift rollback: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(result.lines()))
+    return 0
+
+
+NIGHTLY_DESC = """The scheduled job: build the new transitions (from the last run's date), train a
+new version (continuing the serving adapter), compare it with the serving one on
+held-out transitions (and your evaluation command), publish it if it is not
+worse, and write a report (Markdown + a PNG plot across runs) under
+<checkpoints>/reports/.
+
+A lock keeps two runs apart; a state file (<checkpoints>/.nightly/state.json)
+lets a run that died at any stage be resumed by the next invocation, and
+nothing is ever published twice.
+
+Exit codes: 0 done (published, held back by the gate, or nothing new: see the
+report), 1 a stage failed (the next run resumes it), 2 bad settings, 75 another
+run holds the lock (try later)."""
+
+NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, train, nightly):
+
+  data: /var/lib/nightshift/data
+  transform: {settle: 10m, credit: {strategy: identical}}
+  train:
+    base_model: /models/Qwen2.5-1.5B-Instruct
+    served_model_name: Qwen/Qwen2.5-1.5B-Instruct
+    output: /var/lib/nightshift/checkpoints
+    algorithm: pg
+  nightly:
+    vllm_url: http://vllm:8000
+    name: support-agent
+    stable_name: support-agent
+    keep: 3
+    gate: {metric: adv_weighted_logp, margin: 0.0, command: "python eval.py"}
+
+cron:      15 2 * * *  nightshift nightly --config /etc/nightshift/nightshift.yaml
+systemd, Kubernetes: see recipes/ in the repository."""
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from nightshift.cli.main import _setup_logging
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.trainer.nightly import EXIT_CONFIG, NightlyConfig, run
+    from nightshift.transform.config import TransformConfig
+
+    _setup_logging(args.log_level or "info")
+    flags = {"data": args.data}
+    tcfg = load(TransformConfig, "transform", args.config, flags)
+    trcfg = load(TrainConfig, "train", args.config, flags)
+    ncfg = load(NightlyConfig, "nightly", args.config, {})
+    tcfg.check()
+    trcfg.check()
+    ncfg.check()
+    try:
+        code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty())
+    except ValueError as e:
+        print(f"nightshift nightly: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"nightly {state.get('run_id', '')}: {state.get('outcome') or state.get('error') or ''}")
+    if state.get("report"):
+        print(f"report: {state['report']}")
+    return code

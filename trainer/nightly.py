@@ -1,0 +1,290 @@
+"""`nightshift nightly`: build → train → gate → publish → report, once a night,
+from a scheduler (cron, a systemd timer, a Kubernetes CronJob).
+
+A lock keeps two runs from proceeding at once. A state file records the run and
+the stage it reached, written after each stage's work; a run that dies anywhere
+is resumed by the next invocation from that stage, and every stage is safe to
+repeat: the build rewrites the same partitions, training resumes its trainer
+checkpoint or finds the version it already wrote (tagged with the run id),
+the gate recomputes, and publishing skips what is already loaded and
+registered. Nothing is published twice.
+
+Exit codes: 0 done (published, held back by the gate, or nothing new: the
+report says which); 1 a stage failed (the next run resumes it); 2 bad settings;
+75 another nightly run holds the lock (EX_TEMPFAIL: try later).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import signal
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import registry
+from .checkpoint import is_local, read_manifest, versions
+from .config import TrainConfig
+from .gate import GateSettings
+
+log = logging.getLogger("nightshift.nightly")
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LOCKED = 0, 1, 2, 75
+STAGES = ("build", "train", "gate", "publish", "report", "done")
+FAULT_ENV = "NIGHTSHIFT_FAULT_KILL_AFTER"  # fault injection for tests and drills: SIGKILL after a stage's work
+
+
+@dataclass
+class NightlyConfig:
+    """YAML section `nightly:`. `vllm_url`/`api_key`: the server agents use. `name`:
+    adapters are published as `<name>@<version>`; `stable_name` also points at
+    the newest (reloaded in place). `adapter_root`: a folder the server reads
+    (default: the checkpoint folders themselves). `keep`: versions left loaded.
+    `mode`: lora | full. `init_from_published`: continue training the serving
+    adapter rather than start from the base. `train_window_days`: 0 trains on
+    what arrived since the last run; N on the last N days. `overlap_days`: the
+    build re-reads this many days before the last run (late spans, trajectories
+    that settled after it). `publish`: false stops after the gate.
+    `state_dir`/`reports`: default `<train.output>/.nightly` and `/reports`."""
+
+    vllm_url: str = "http://127.0.0.1:8000"
+    api_key: str = ""
+    name: str = "policy"
+    stable_name: str = ""
+    adapter_root: str = ""
+    keep: int = 3
+    mode: str = "lora"
+    max_lora_rank: int = 0
+    init_from_published: bool = True
+    train_window_days: int = 0
+    overlap_days: int = 1
+    publish: bool = True
+    state_dir: str = ""
+    reports: str = ""
+    gate: GateSettings = field(default_factory=GateSettings)
+
+    def check(self) -> None:
+        from nightshift.cli.settings import SettingsError
+
+        if self.mode not in ("lora", "full"):
+            raise SettingsError(f"nightly.mode must be lora or full, got {self.mode!r}")
+        if self.keep < 1:
+            raise SettingsError("nightly.keep must be at least 1")
+        if self.gate.metric not in ("adv_weighted_logp", "nll"):
+            raise SettingsError(f"nightly.gate.metric must be adv_weighted_logp or nll, got {self.gate.metric!r}")
+
+
+class Locked(RuntimeError):
+    pass
+
+
+@contextmanager
+def run_lock(state_dir: Path):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "nightly.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            raise Locked(f"another nightly run holds {state_dir / 'nightly.lock'} (pid {holder or '?'})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock; a killed process releases it too
+
+
+def _save(state_dir: Path, state: dict) -> None:
+    tmp = state_dir / "state.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, state_dir / "state.json")
+
+
+def _load(state_dir: Path) -> dict | None:
+    p = state_dir / "state.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _fault(stage: str) -> None:
+    if os.environ.get(FAULT_ENV) == stage:
+        log.warning("fault injection: killing this run after the %s stage's work (%s=%s)", stage, FAULT_ENV, stage)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _serving(checkpoints: str, n: NightlyConfig) -> dict | None:
+    """The registry entry now serving this name on this endpoint."""
+    endpoint = n.vllm_url.rstrip("/")
+    for e in reversed(registry.read(checkpoints)):
+        if e.get("endpoint") == endpoint and (str(e.get("name", "")).startswith(f"{n.name}@") or e.get("mode") == "full"):
+            return e
+    return None
+
+
+def _version_tagged(checkpoints: str, tag: str) -> str | None:
+    for v in reversed(versions(checkpoints)):
+        if read_manifest(f"{checkpoints.rstrip('/')}/{v}").get("config", {}).get("tag") == tag:
+            return v
+    return None
+
+
+def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetime | None = None,
+        progress: bool = False) -> tuple[int, dict]:
+    """One nightly run (or the rest of an interrupted one). Returns (exit code, state)."""
+    checkpoints = train_cfg.output.rstrip("/")
+    if not is_local(checkpoints):
+        raise ValueError("nightly keeps its state and lock beside the checkpoints: train.output must be a local folder "
+                         "(put the checkpoints on a shared volume, or publish from a synced copy)")
+    state_dir = Path(n.state_dir or f"{checkpoints}/.nightly")
+    reports = Path(n.reports or f"{checkpoints}/reports")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    try:
+        with run_lock(state_dir):
+            return _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress)
+    except Locked as e:
+        log.warning("%s: not running", e)
+        return EXIT_LOCKED, {"outcome": str(e)}
+
+
+def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress) -> tuple[int, dict]:
+    from nightshift.transform.build import BuildError, build
+
+    from .gate import gate
+    from .publish import publish
+    from .run import train
+    from .select import TrainDataError
+
+    prev = _load(state_dir)
+    if prev is None or prev.get("stage") == "done":
+        last_date = (prev or {}).get("run_date")
+        since = ""
+        if last_date:
+            since = (dt.date.fromisoformat(last_date) - dt.timedelta(days=max(n.overlap_days, 0))).isoformat()
+        state = {"run_id": now.isoformat(timespec="seconds"), "run_date": now.date().isoformat(), "stage": "build",
+                 "since": since, "resumed": 0}
+        log.info("nightly run %s: building since %s", state["run_id"], since or "the beginning")
+    else:
+        state = prev
+        state.pop("error", None)
+        state.pop("traceback", None)
+        state["resumed"] = state.get("resumed", 0) + 1
+        log.warning("resuming nightly run %s at stage %s (attempt %d)", state["run_id"], state["stage"],
+                    state["resumed"] + 1)
+    _save(state_dir, state)
+    try:
+        if state["stage"] == "build":
+            tcfg = copy.deepcopy(transform_cfg)
+            tcfg.since = state["since"]
+            try:
+                summary = build(tcfg, progress=progress)
+                state["build"] = summary.lines()
+                next_stage = "train"
+            except BuildError as e:
+                state["build"] = [str(e)]
+                state["outcome"] = f"nothing to build: {e}"
+                next_stage = "report"
+            _fault("build")
+            state["stage"] = next_stage
+            _save(state_dir, state)
+
+        if state["stage"] == "train":
+            tcfg = copy.deepcopy(train_cfg)
+            tcfg.tag = state["run_id"]
+            if n.train_window_days > 0:
+                tcfg.select.since = (now.date() - dt.timedelta(days=n.train_window_days)).isoformat()
+            elif state["since"]:
+                tcfg.select.since = state["since"]
+            serving = _serving(checkpoints, n)
+            if n.init_from_published and serving and serving.get("mode") == "lora" and not tcfg.full_finetune:
+                tcfg.init_adapter = serving["checkpoint"]
+            version = _version_tagged(checkpoints, state["run_id"])
+            next_stage = "gate"
+            if version:
+                log.warning("version %s was already trained by this run before it was interrupted: using it", version)
+                state["train"] = [f"reused {version}, trained by this run before an interruption"]
+            else:
+                try:
+                    result = train(tcfg, progress=progress)
+                    version = result.version
+                    state["train"] = result.lines()
+                except TrainDataError as e:
+                    state["train"] = [str(e)]
+                    state["outcome"] = f"nothing new to train on: {e}"
+                    next_stage = "report"
+            state["version"] = version
+            state["init_adapter"] = tcfg.init_adapter or None
+            _fault("train")
+            state["stage"] = next_stage
+            _save(state_dir, state)
+
+        if state["stage"] == "gate":
+            candidate = f"{checkpoints}/{state['version']}"
+            serving = _serving(checkpoints, n)
+            published = serving["checkpoint"] if serving else None
+            if not n.gate.enabled:
+                state["gate"] = None
+                state["gate_lines"] = ["gate: disabled (nightly.gate.enabled: false)"]
+                passed = True
+            else:
+                decision = gate(candidate, published, train_cfg, n.gate, log_dir=checkpoints)
+                state["gate"] = dataclasses.asdict(decision)
+                state["gate_lines"] = decision.lines()
+                passed = decision.passed
+            if not passed:
+                state["outcome"] = f"held back by the gate: {state['gate']['reason']}"
+            _fault("gate")
+            state["stage"] = "publish" if passed and n.publish else "report"
+            if passed and not n.publish:
+                state["outcome"] = f"trained {state['version']}; the gate passed it; publishing is off"
+            _save(state_dir, state)
+
+        if state["stage"] == "publish":
+            serving = _serving(checkpoints, n)
+            if serving and serving.get("version") == state["version"]:
+                log.warning("%s is already published (registry): not publishing again", state["version"])
+                state["publish_lines"] = [f"{state['version']} was already published before an interruption"]
+            else:
+                result = publish(f"{checkpoints}/{state['version']}", n.vllm_url, name=n.name, api_key=n.api_key,
+                                 stable_name=n.stable_name, adapter_root=n.adapter_root, keep=n.keep, mode=n.mode,
+                                 max_lora_rank=n.max_lora_rank, base_model=train_cfg.base_model)
+                state["publish_lines"] = result.lines()
+            state["published"] = True
+            state["outcome"] = f"published {state['version']}"
+            _fault("publish")
+            state["stage"] = "report"
+            _save(state_dir, state)
+
+        if state["stage"] == "report":
+            from . import report
+
+            hist_path = state_dir / "runs.jsonl"
+            history = report.read_history(hist_path)
+            if not any(h["run_id"] == state["run_id"] for h in history):
+                entry = report.history_entry(state)
+                with open(hist_path, "a") as f:
+                    f.write(json.dumps(entry) + "\n")
+                history.append(entry)
+            md, png = report.write(state, history, transform_cfg.data, reports)
+            state["report"] = str(md)
+            state["plot"] = str(png)
+            state["stage"] = "done"
+            _save(state_dir, state)
+            log.info("nightly run %s: %s (report %s)", state["run_id"], state.get("outcome"), md)
+        return EXIT_OK, state
+    except Exception as e:  # noqa: BLE001 - any stage failure: keep the state, say what broke, exit 1
+        state["error"] = f"{type(e).__name__}: {e}"
+        state["traceback"] = traceback.format_exc()[-4000:]
+        _save(state_dir, state)
+        log.error("nightly run %s failed at stage %s: %s (the next run resumes there)", state["run_id"],
+                  state["stage"], state["error"])
+        return EXIT_FAILED, state

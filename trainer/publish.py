@@ -1,0 +1,234 @@
+"""`nightshift publish` and `nightshift rollback`: a checkpoint version in front of
+the agents on a running vLLM server, checked before and verified after.
+
+LoRA (default): the adapter is checked against vLLM's rules and the server's
+base model, placed in a folder of its own per version (vLLM keys its prefix
+cache on name and path, so a path is never reused for other weights), loaded
+as `<name>@<version>` (and, optionally, under a stable name reloaded in place),
+verified with GET /v1/models and one chat completion, then written to the
+registry; versions beyond `keep` are unloaded. Publishing again what is already
+loaded and registered changes nothing, so a run killed half-way can simply be
+repeated.
+
+Full weights (`mode="full"`): merged, then reloaded in place with vLLM's dev-mode
+`/collective_rpc reload_weights` and `/reset_prefix_cache`. Production without
+dev mode: restart a second server on the merged folder and switch traffic
+(blue-green).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import registry
+from .checkpoint import MANIFEST, fetch, is_local, read_manifest, vllm_problems
+from .vllm_client import VLLMClient, VLLMError
+
+log = logging.getLogger("nightshift.publish")
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", MANIFEST,
+                 "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+@dataclass
+class PublishResult:
+    version: str
+    lora_name: str
+    path: str
+    endpoint: str
+    mode: str
+    seconds: float
+    sample: str
+    stable_name: str = ""
+    already_loaded: bool = False
+    unloaded: list[str] = field(default_factory=list)
+    rollback_of: str = ""
+
+    def lines(self) -> list[str]:
+        what = f"rolled back from {self.rollback_of} to" if self.rollback_of else "published"
+        out = [f"{what} {self.version} as {self.lora_name!r} on {self.endpoint} ({self.mode}, {self.seconds:.1f} s)",
+               f"  adapter path: {self.path}"]
+        if self.stable_name:
+            out.append(f"  stable name {self.stable_name!r} now serves {self.version}")
+        if self.already_loaded:
+            out.append("  (it was already loaded: nothing reloaded)")
+        out.append(f"  verified: GET /v1/models lists it; a chat completion answered {self.sample!r}")
+        if self.unloaded:
+            out.append(f"  unloaded older versions: {', '.join(self.unloaded)}")
+        return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._@-]+", "--", name).strip("-") or "policy"
+
+
+def _version_of(name: str, prefix: str) -> int:
+    m = re.fullmatch(re.escape(prefix) + r"@v(\d+)", name)
+    return int(m.group(1)) if m else -1
+
+
+def checkpoints_of(checkpoint: str) -> str:
+    """The checkpoints folder a version belongs to (where the registry lives)."""
+    return checkpoint.rstrip("/").rsplit("/", 1)[0] if "/" in checkpoint.rstrip("/") else "."
+
+
+def _place(src: Path, adapter_root: str, lora_name: str) -> str:
+    """Copy the adapter into its own folder under `adapter_root` (atomically; an
+    identical copy already there is reused)."""
+    dest = Path(adapter_root) / _safe(lora_name)
+    if (dest / "adapter_config.json").exists():
+        same = all((dest / f).read_bytes() == (src / f).read_bytes()
+                   for f in ("adapter_config.json", "adapter_model.safetensors") if (src / f).exists())
+        if same:
+            return str(dest)
+        raise PublishError(f"{dest} already holds different weights for {lora_name}; a path is never reused "
+                           "(vLLM caches on name and path): remove it or publish under another name")
+    tmp = dest.parent / f".tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    for f in ADAPTER_FILES:
+        if (src / f).exists():
+            shutil.copy2(src / f, tmp / f)
+    os.rename(tmp, dest)
+    return str(dest)
+
+
+def _check_base(client: VLLMClient, adapter_dir: Path) -> str:
+    conf = json.loads((adapter_dir / "adapter_config.json").read_text())
+    want = conf.get("base_model_name_or_path") or ""
+    bases = [m for m in client.models() if not m.get("parent")]
+    served = {m.get("id") for m in bases} | {m.get("root") for m in bases}
+    if want not in served:
+        names = ", ".join(sorted(str(m.get("id")) for m in bases)) or "nothing"
+        raise PublishError(
+            f"base model mismatch: the adapter was trained for {want!r} (adapter_config.json base_model_name_or_path) "
+            f"but {client.url} serves {names}; train with --served-model-name set to the served name, or publish to a "
+            "server running that base")
+    return bases[0]["id"]
+
+
+def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: str = "", stable_name: str = "",
+            adapter_root: str = "", keep: int = 3, mode: str = "lora", max_lora_rank: int = 0, base_model: str = "",
+            storage_options: dict | None = None, rollback_of: str = "", timeout: float = 30.0,
+            retries: int = 4) -> PublishResult:
+    t0 = time.perf_counter()
+    client = VLLMClient(vllm_url, api_key, timeout=timeout, retries=retries)
+    endpoint = vllm_url.rstrip("/")
+    ckpts = checkpoints_of(checkpoint)
+    if not is_local(checkpoint) and not adapter_root:
+        raise PublishError("the checkpoint is on an object store: give --adapter-root, a folder the server can read, "
+                           "to copy it to")
+    try:
+        manifest = read_manifest(checkpoint, storage_options)
+    except FileNotFoundError:
+        raise PublishError(f"{checkpoint} is not a checkpoint version (no {MANIFEST})") from None
+    version = manifest["version"]
+    lora_name = f"{name}@{version}"
+    local = fetch(checkpoint, Path(adapter_root or ".") / f".fetch-{version}", storage_options)
+    try:
+        if mode == "full":
+            return _publish_full(client, checkpoint, local, manifest, ckpts, endpoint, base_model, adapter_root,
+                                 storage_options, rollback_of, t0)
+        if manifest.get("kind") != "lora":
+            raise PublishError(f"{checkpoint} holds full weights: publish it with --mode full")
+        problems = vllm_problems(local, max_lora_rank or None)
+        if problems:
+            raise PublishError("vLLM would refuse this adapter: " + "; ".join(problems))
+        _check_base(client, local)
+        path = _place(local, adapter_root, lora_name) if adapter_root else str(local.resolve())
+        loaded = {m["id"]: m for m in client.models()}
+        already = lora_name in loaded and loaded[lora_name].get("root") == path
+        if not already:
+            client.load_lora(lora_name, path, load_inplace=lora_name in loaded)
+        if stable_name and (stable_name not in loaded or loaded[stable_name].get("root") != path):
+            client.load_lora(stable_name, path, load_inplace=True)
+        served = {m["id"] for m in client.models()}
+        missing = [n for n in (lora_name, stable_name) if n and n not in served]
+        if missing:
+            raise PublishError(f"the server accepted the load but GET /v1/models does not list {missing}")
+        sample = client.chat(lora_name)["choices"][0]["message"].get("content") or ""
+        last = registry.current(ckpts, endpoint, None, storage_options)
+        serving_already = already and last is not None and last.get("name") == lora_name and last.get("path") == path
+        if not serving_already:  # publishing what is already loaded and registered changes nothing
+            registry.append(ckpts, {"version": version, "name": lora_name, "stable_name": stable_name or None,
+                                    "path": path, "endpoint": endpoint, "mode": "lora", "checkpoint": checkpoint,
+                                    "rollback_of": rollback_of or None}, storage_options)
+        unloaded = _prune(client, name, keep, served - {lora_name})
+        return PublishResult(version, lora_name, path, endpoint, "lora", time.perf_counter() - t0, sample,
+                             stable_name, already, unloaded, rollback_of)
+    finally:
+        if not is_local(checkpoint):
+            shutil.rmtree(local, ignore_errors=True)
+
+
+def _prune(client: VLLMClient, name: str, keep: int, others: set[str]) -> list[str]:
+    """Unload `name@vNNNN` adapters beyond the newest `keep` (the one just
+    published, which is not among `others`, counts as one of them)."""
+    mine = sorted((n for n in others if _version_of(n, name) >= 0), key=lambda n: _version_of(n, name))
+    gone = []
+    for n in mine[: max(0, len(mine) - max(keep - 1, 0))]:
+        try:
+            client.unload_lora(n)
+            gone.append(n)
+        except VLLMError as e:
+            if e.status != 404:
+                log.warning("could not unload %s: %s", n, e)
+    return gone
+
+
+def _publish_full(client, checkpoint, local: Path, manifest, ckpts, endpoint, base_model, adapter_root,
+                  storage_options, rollback_of, t0) -> PublishResult:
+    version = manifest["version"]
+    if manifest.get("kind") == "full":
+        weights = str(local.resolve())
+    else:
+        from .merge import merge
+
+        dest = Path(adapter_root or (ckpts if is_local(ckpts) else ".")) / "merged" / version
+        if not (dest / "config.json").exists():
+            merge(local, dest, base_model)
+        weights = str(dest.resolve())
+    try:
+        client.reload_weights(weights)
+        client.reset_prefix_cache()
+    except VLLMError as e:
+        if e.status == 404:
+            raise PublishError(
+                "the server has no /collective_rpc: in-place weight reloads need vLLM started with "
+                "VLLM_SERVER_DEV_MODE=1 (keep those routes private: --api-key does not guard them). Without dev mode, "
+                f"start a second server on {weights} and switch traffic to it (blue-green).") from None
+        raise
+    base = next((m["id"] for m in client.models() if not m.get("parent")), "")
+    sample = client.chat(base)["choices"][0]["message"].get("content") or ""
+    registry.append(ckpts, {"version": version, "name": base, "stable_name": None, "path": weights,
+                            "endpoint": endpoint, "mode": "full", "checkpoint": checkpoint,
+                            "rollback_of": rollback_of or None}, storage_options)
+    return PublishResult(version, base, weights, endpoint, "full", time.perf_counter() - t0, sample,
+                         rollback_of=rollback_of)
+
+
+def rollback(checkpoints: str, vllm_url: str, *, name: str = "policy", **kw) -> PublishResult:
+    """Publish again the newest version older than the one serving."""
+    endpoint = vllm_url.rstrip("/")
+    mine = [e for e in registry.read(checkpoints, kw.get("storage_options"))
+            if e.get("endpoint") == endpoint and (e.get("name", "").startswith(f"{name}@") or e.get("mode") == "full")]
+    if not mine:
+        raise PublishError(f"nothing has been published to {endpoint} as {name!r} (see {checkpoints}/published.json)")
+    now = mine[-1]["version"]
+    older = sorted({e["version"] for e in mine if int(e["version"][1:]) < int(now[1:])}, key=lambda v: int(v[1:]))
+    if not older:
+        raise PublishError(f"{now} is the oldest version published to {endpoint}: nothing to roll back to")
+    target = older[-1]
+    mode = next(e["mode"] for e in reversed(mine) if e["version"] == target)
+    return publish(f"{checkpoints.rstrip('/')}/{target}", vllm_url, name=name, rollback_of=now, mode=mode, **kw)
