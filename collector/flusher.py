@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +43,39 @@ class SegmentResult:
     files: int = 0
 
 
-def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTES) -> SegmentResult:
+def instance_id(wal_dir: Path) -> str:
+    """This WAL's name, made once and kept beside its segments. Segment numbers
+    restart in every WAL, so file names carry it: several collectors writing into
+    one data folder or bucket (a sidecar per agent, a load-balanced fleet) never
+    write the same file name, and a redone segment still rewrites its own."""
+    path = wal_dir / "instance"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    ident = uuid.uuid4().hex[:12]
+    tmp = wal_dir / f".instance.{os.getpid()}"
+    tmp.write_text(ident)
+    try:
+        os.link(tmp, path)  # first writer wins; a racing one reads the winner's id
+    except FileExistsError:
+        ident = path.read_text().strip()
+    finally:
+        tmp.unlink(missing_ok=True)
+    wal._fsync_dir(wal_dir)
+    return ident
+
+
+def batch_of(segment: Path, instance: str) -> str:
+    seg = segment.name.split(".", 1)[0]
+    return f"{instance}-{seg}" if instance else seg
+
+
+def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTES, instance: str = "") -> SegmentResult:
     """Every record of a segment into its datasets. Returns only once every
     writer has committed (the caller then deletes the segment); if any fails, all
     are aborted and the segment is redone whole."""
-    batch_id = path.name.split(".", 1)[0]
+    batch_id = batch_of(path, instance)
     writers = {name: store.writer(name, batch_id) for name in ("spans", "logs", "feedback")}
     try:
         sb, lb, fb, size = SpanBuilder(), LogBuilder(), FeedbackBuilder(), 0
@@ -99,9 +128,10 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
     directory = Path(wal_dir)
     lock = _lock(directory / "flusher.lock")
     try:
+        instance = instance_id(directory)
         store = DatasetStore(
             data_url, storage_options, window_s=dedup_window,
-            exclude_batches=lambda: {p.name.split(".", 1)[0] for p in wal.sealed_segments(directory)},
+            exclude_batches=lambda: {batch_of(p, instance) for p in wal.sealed_segments(directory)},
         )
         backoff = 0.0
         while True:
@@ -118,7 +148,7 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
             seg = segments[0]
             t0 = time.perf_counter()
             try:
-                res = flush_segment(seg, store)
+                res = flush_segment(seg, store, instance=instance)
                 seg.unlink()
                 wal._fsync_dir(directory)
             except Exception as e:  # noqa: BLE001 - the segment stays; retried with backoff

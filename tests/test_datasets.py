@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_logs, read_spans
+from conftest import read_dataset, read_logs, read_spans
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -512,3 +512,21 @@ def test_memory_filesystem_as_data_root(segs):
     finally:
         if fs.exists(root):
             fs.rm(root, recursive=True)
+
+
+def test_two_collectors_writing_into_one_data_folder_keep_every_span(tmp_path, data):
+    """Segment numbers restart in every WAL; the WAL's instance id in the file name
+    keeps a second collector's segment 1001 from replacing the first one's."""
+    from nightshift.collector.flusher import instance_id
+
+    a, b = Segments(tmp_path / "wal-a"), Segments(tmp_path / "wal-b")
+    ida, idb = instance_id(a.dir), instance_id(b.dir)
+    assert ida != idb and instance_id(a.dir) == ida  # stable across restarts
+    seg_a = a.write(span_request((b"\x01" * 16, b"\x01" * 8, T0, "a")))
+    seg_b = b.write(span_request((b"\x02" * 16, b"\x02" * 8, T0, "b")))
+    assert seg_a.name == seg_b.name
+    flush_segment(seg_a, DatasetStore(str(data)), instance=ida)
+    flush_segment(seg_b, DatasetStore(str(data)), instance=idb)
+    assert sorted(read_dataset(data, "spans")["name"].to_list()) == ["a", "b"]
+    again = flush_segment(seg_a, DatasetStore(str(data)), instance=ida)  # a redo rewrites its own file
+    assert again.duplicates == 0 and len(list((data / "spans").rglob("*.parquet"))) == 2
