@@ -51,6 +51,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if tp is float:
             if isinstance(value, (int, float)):
                 return float(value)
+            try:
+                return float(str(value).strip())  # 1e-4: YAML 1.1 reads it as text
+            except ValueError:
+                pass
             m = re.fullmatch(r"\s*([0-9_.]+)\s*([A-Za-z]*)\s*", str(value))
             if not m or m.group(2).lower() not in _DUR:
                 raise ValueError(f"not a number or duration: {value!r}")
