@@ -18,9 +18,11 @@ demo: $(VENV)/.installed  ## end to end: receive spans, Parquet, transitions, tr
 test: $(VENV)/.installed  ## the whole test suite
 	$(PY) -m pytest -q
 
-bench: $(VENV)/.installed  ## ingest benchmark (spans/s, latency, RSS), then transform (`nightshift build`: spans/s per core, RSS)
+bench: $(VENV)/.installed  ## every stage's benchmark: ingest, transform, train (tiny on CPU, Qwen shapes on a GPU), publish
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/transform.py
+	$(PY) benchmarks/train_gpu.py
+	$(PY) benchmarks/publish.py
 
 clean:
 	rm -rf $(VENV) nightshift-data
