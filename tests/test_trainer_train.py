@@ -140,7 +140,8 @@ def test_logged_token_ids_are_compared_and_drift_is_reported(tmp_path, tiny_mode
     assert res.logged["match"] == 7 and res.logged["drift"] == 3 and res.logged["none"] == 6
     assert res.logged["with_logprobs"] == 7
     text = "\n".join(res.lines())
-    assert "7 match this tokenizer (7 with logprobs: importance-weighted), 3 drifted" in text
+    assert "7 match this tokenizer (7 with logprobs: importance-weighted against the logged policy), 3 drifted" in text
+    assert res.logged["anchored"] == 9  # the 3 drifted, the 6 without ids: compared with the initial policy
 
 
 def test_ppo_clip_bounds_the_update(tmp_path, tiny_model):

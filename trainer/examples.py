@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from .config import TrainConfig
-from .render import Rendered, conversation, render
+from .render import Rendered, conversation, render, tools_of, uses_tools
 from .select import Selection, TrainDataError, held_out
 
 
@@ -34,15 +34,30 @@ class Prepared:
     split_note: str = ""
 
 
+def load_fallback_tools(cfg: TrainConfig) -> list[dict] | None:
+    if not cfg.tools_fallback:
+        return None
+    try:
+        tools = json.loads(open(cfg.tools_fallback).read())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TrainDataError(f"tools_fallback: cannot read a JSON list of tools from {cfg.tools_fallback}: {e}") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise TrainDataError(f"tools_fallback: {cfg.tools_fallback} must hold a JSON list of tool definitions")
+    return tools
+
+
 def prepare(cfg: TrainConfig, tokenizer, selection: Selection) -> Prepared:
     """Render every selected row and split by trajectory."""
     excluded: Counter = Counter()
     logged: Counter = Counter()
     first_error = ""
+    fallback = load_fallback_tools(cfg)
     train, held = [], []
     for row in selection.rows:
+        if not tools_of(row) and uses_tools(row):
+            logged["tools from tools_fallback" if fallback else "tool calls without tool definitions"] += 1
         try:
-            r = render(tokenizer, row)
+            r = render(tokenizer, row, fallback)
         except Exception as e:  # noqa: BLE001 - a user's template can raise anything; count it, go on
             excluded["chat template failed"] += 1
             first_error = first_error or f"{type(e).__name__}: {e}"
@@ -94,8 +109,8 @@ def pg_features(examples: list[Example], normalize: bool = False) -> list[dict]:
     ]
 
 
-def _conversational(e: Example) -> dict:
-    prompt, completion, tools = conversation(e.row)
+def _conversational(e: Example, fallback: list[dict] | None = None) -> dict:
+    prompt, completion, tools = conversation(e.row, fallback)
     return {"prompt": prompt, "completion": [completion], "tools": json.dumps(tools) if tools else None}
 
 
@@ -124,7 +139,8 @@ def kto_examples(cfg: TrainConfig, examples: list[Example]) -> tuple[list[dict],
     """Unpaired preferences: desirable when the reward is above the threshold.
     Shuffled here because KTOTrainer samples in order (its KL term pairs
     neighbours, and sorted data would pair like with like)."""
-    rows = [{**_conversational(e), "label": bool(e.row["reward"] > cfg.kto.threshold)} for e in examples]
+    fallback = load_fallback_tools(cfg)
+    rows = [{**_conversational(e, fallback), "label": bool(e.row["reward"] > cfg.kto.threshold)} for e in examples]
     n_good = sum(r["label"] for r in rows)
     if rows and (n_good == 0 or n_good == len(rows)):
         side = "above" if n_good else "at or below"
@@ -139,6 +155,7 @@ def dpo_examples(cfg: TrainConfig, examples: list[Example]) -> tuple[list[dict],
     """Pairs from rows that answered the very same prompt (same rendered tokens)
     within one task group: the highest reward chosen, the lowest rejected, when
     they differ by at least `min_margin`. One pair per prompt."""
+    fallback = load_fallback_tools(cfg)
     by_prompt: dict[tuple, list[Example]] = defaultdict(list)
     for e in examples:
         by_prompt[(e.row.get("group_id") or "", tuple(e.r.prompt_ids))].append(e)
@@ -152,7 +169,7 @@ def dpo_examples(cfg: TrainConfig, examples: list[Example]) -> tuple[list[dict],
         if best.row["reward"] - worst.row["reward"] < cfg.dpo.min_margin:
             left[f"answers to one prompt within dpo.min_margin ({cfg.dpo.min_margin})"] += len(group)
             continue
-        chosen, rejected = _conversational(best), _conversational(worst)
+        chosen, rejected = _conversational(best, fallback), _conversational(worst, fallback)
         pairs.append({"prompt": chosen["prompt"], "chosen": chosen["completion"], "rejected": rejected["completion"],
                       "tools": chosen["tools"]})
         left["answers beside the chosen and rejected of their prompt"] += len(group) - 2

@@ -60,12 +60,19 @@ def tools_of(row: dict) -> list[dict] | None:
     return tools if isinstance(tools, list) and tools else None
 
 
-def conversation(row: dict) -> tuple[list[dict], dict, list[dict] | None]:
-    """(prompt messages, completion message, tools) of a row, in chat format."""
+def conversation(row: dict, fallback_tools: list[dict] | None = None) -> tuple[list[dict], dict, list[dict] | None]:
+    """(prompt messages, completion message, tools) of a row, in chat format; the
+    fallback tools stand in where the row recorded none."""
     prompt = [chat_message(m) for m in (row.get("input_messages") or [])]
     completion = chat_message(row["output_message"])
     completion["role"] = "assistant"
-    return prompt, completion, tools_of(row)
+    return prompt, completion, tools_of(row) or fallback_tools
+
+
+def uses_tools(row: dict) -> bool:
+    """Whether the call involved tools (calls in its output or its history)."""
+    msgs = [*(row.get("input_messages") or []), row.get("output_message") or {}]
+    return any(m.get("tool_calls") or m.get("role") == "tool" for m in msgs)
 
 
 def require_template(tokenizer, where: str) -> None:
@@ -101,11 +108,11 @@ class Rendered:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
-def render(tokenizer, row: dict) -> Rendered:
+def render(tokenizer, row: dict, fallback_tools: list[dict] | None = None) -> Rendered:
     """Token ids of one transition, TRL's recipe: the prompt with the generation
     prompt, prompt + completion in full, the completion where they diverge.
     Raises whatever the template raises (the caller counts it)."""
-    prompt, completion, tools = conversation(row)
+    prompt, completion, tools = conversation(row, fallback_tools)
     p = _ids(tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True))
     pc = _ids(tokenizer.apply_chat_template(prompt + [completion], tools=tools, tokenize=True, return_dict=True))
     n = common_prefix(p, pc)

@@ -26,9 +26,12 @@ def _daily_reward(data: str) -> list[tuple[str, float, int]]:
 
 
 def plot(history: list[dict], data: str, path: Path) -> Path:
+    import logging
+
     import matplotlib
 
     matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), constrained_layout=True)

@@ -57,12 +57,23 @@ class TrainResult:
         for reason, n in sorted(self.excluded.items(), key=lambda kv: -kv[1]):
             out.append(f"  left out: {n:,} {reason}")
         lg = self.logged
+        rest = ("the ratio taken against the initial policy (PPO's old policy)" if lg.get("anchored")
+                else "ratio 1")
         if lg.get("match") or lg.get("drift"):
             out.append(f"  logged token ids: {lg.get('match', 0):,} match this tokenizer "
-                       f"({lg.get('with_logprobs', 0):,} with logprobs: importance-weighted), "
-                       f"{lg.get('drift', 0):,} drifted (retokenized; ratio 1), {lg.get('none', 0):,} without ids (ratio 1)")
+                       f"({lg.get('with_logprobs', 0):,} with logprobs: importance-weighted against the logged policy), "
+                       f"{lg.get('drift', 0):,} drifted (retokenized), {lg.get('none', 0):,} without ids; for rows "
+                       f"without usable logprobs, {rest}")
         elif self.algorithm == "pg":
-            out.append(f"  no logged token ids: all {lg.get('none', 0):,} rows treated as on-policy (ratio 1)")
+            out.append(f"  no logged token ids or logprobs: {rest} for all {lg.get('none', 0):,} rows")
+        if lg.get("tool calls without tool definitions"):
+            out.append(f"  warning: {lg['tool calls without tool definitions']:,} row(s) use tools but their spans did not "
+                       "record the tool definitions (opentelemetry-instrumentation-openai-v2 does not): their prompts "
+                       "lack the tools block the model sees when serving; give the agent's tools with "
+                       "train.tools_fallback: FILE.json")
+        if lg.get("tools from tools_fallback"):
+            out.append(f"  {lg['tools from tools_fallback']:,} row(s) without recorded tool definitions rendered with "
+                       "train.tools_fallback")
         if lg.get("prompt renders differently alone (template)"):
             out.append(f"  note: {lg['prompt renders differently alone (template)']:,} prompt(s) render differently "
                        "alone than in context (the chat template); trained on the in-context form")
@@ -195,7 +206,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     with reference(cfg, policy, ref_which) as ref_fn:
         eval_before = _evaluate(cfg, policy, eval_features, tok, ref_fn)
         if cfg.algorithm == "pg" and cfg.pg.kl_coef > 0:
-            _attach_ref_logprobs(cfg, rows, tok, ref_fn, policy)
+            _attach_logprobs(cfg, rows, tok, lambda b: ref_fn(b)[0], policy, "ref_logprobs")
+    anchored = 0
+    if cfg.algorithm == "pg" and cfg.pg.anchor == "init":
+        from .pg import completion_logprobs
+
+        anchored = _attach_logprobs(cfg, rows, tok, lambda b: completion_logprobs(policy, b), policy, "old_logprobs")
+        prepared.logged["anchored"] = anchored
 
     # 4. train --------------------------------------------------------------------------
     run_key = _run_key(cfg, selection.content_hash())
@@ -285,26 +302,41 @@ def _evaluate(cfg: TrainConfig, policy, features: list[dict], tok, ref_fn) -> di
     return evaluate(policy, features, tok.pad_token_id, cfg.eval_batch_size, packed(cfg), ref_fn)
 
 
-def _attach_ref_logprobs(cfg: TrainConfig, rows: list[dict], tok, ref_fn, policy) -> None:
-    """The reference's log-probs of every training token, computed once before
-    training (the reference does not change), for the KL penalty."""
+def _attach_logprobs(cfg: TrainConfig, rows: list[dict], tok, fn, policy, key: str) -> int:
+    """Log-probs of every training token under a fixed policy, computed once before
+    training: the reference's for the KL penalty (`ref_logprobs`), or the initial
+    policy's as PPO's old policy where a row has no logged ones (`old_logprobs`,
+    NaN entries filled; logged values are kept). Returns how many rows it touched."""
+    import math
+
     import torch
 
     from .model import packed
     from .pg import collate
 
     device = next(policy.parameters()).device
+    was_training = policy.training
     policy.eval()
+    touched = 0
     with torch.no_grad():
         for i in range(0, len(rows), cfg.eval_batch_size):
             chunk = rows[i : i + cfg.eval_batch_size]
             batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, packed(cfg)).items()}
-            logp, _ = ref_fn(batch)
             seq = batch["tok_seq"].tolist()
-            values = logp.float().cpu().tolist()
+            values = fn(batch).float().cpu().tolist()
             for j, f in enumerate(chunk):
-                f["ref_logprobs"] = [v for v, s in zip(values, seq) if s == j]
-    policy.train()
+                mine = [v for v, s in zip(values, seq) if s == j]
+                if key == "old_logprobs":
+                    old = f.get("old_logprobs")
+                    if old is not None and not any(math.isnan(x) for x in old):
+                        continue  # fully logged: the behaviour policy's own numbers
+                    f[key] = [o if old is not None and not math.isnan(o) else m for o, m in zip(old or mine, mine)]
+                    touched += old is None  # rows with no logged logprobs (a template tail does not count)
+                else:
+                    f[key] = mine
+                    touched += 1
+    policy.train(was_training)
+    return touched
 
 
 def _save_model(cfg: TrainConfig, trainer, tok, staged: Path) -> str:

@@ -40,6 +40,18 @@ CHATML = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+#: The same layout with tools listed as `name(arg, ...)` instead of their JSON
+#: schemas: a model family may render tools however it likes, and a prompt of
+#: tens of tokens is what lets a tiny model learn a tool-use task in minutes on
+#: a CPU (the agent world's policy uses it).
+CHATML_COMPACT = CHATML.replace(
+    "{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}",
+    "{{- 'Tools:' }}{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}"
+    "{{- ' ' + f.name + '(' + (f.parameters.properties | list | join(', ')) + ')' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}",
+)
+assert CHATML_COMPACT != CHATML
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. ",

@@ -1,0 +1,60 @@
+"""Success rate of a policy on fresh episodes, in process (no HTTP, no spans): the
+learning benchmark's and the tests' judge. The same episode loop as the agent,
+the same sampling (temperature 1) through Nightshift's serving engine."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import world
+
+
+@dataclass
+class Score:
+    episodes: int
+    successes: int
+    right_tool: int  # first tool call was the right tool
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.0
+
+    @property
+    def tool_rate(self) -> float:
+        return self.right_tool / self.episodes if self.episodes else 0.0
+
+
+def engine_chat(engine, adapter: str | None, temperature: float = 1.0, seed: int = 0):
+    from nightshift.trainer.serve_engine import parse_tool_calls
+
+    counter = [seed * 1_000_003]
+
+    def chat(messages: list[dict]) -> dict:
+        counter[0] += 1
+        prompt = engine.prompt_ids(messages, world.TOOLS)
+        ids = [s.token_id for s in engine.decode_steps(adapter, prompt, 48, temperature, 1.0, 0, counter[0])]
+        content, calls = parse_tool_calls(engine.finish_text(ids))
+        return {"content": content, "tool_calls": calls}
+
+    return chat
+
+
+def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, seed: int = 12345,
+          temperature: float = 1.0, engine=None) -> Score:
+    from nightshift.trainer.serve_engine import Engine
+
+    engine = engine or Engine(str(model_dir), "policy")
+    name = None
+    if adapter_dir:
+        name = "candidate"
+        engine.load_adapter(name, str(adapter_dir), load_inplace=True)
+    chat = engine_chat(engine, name, temperature, seed)
+    rng = random.Random(seed)
+    ok = right = 0
+    for _ in range(episodes):
+        task = world.make_task(rng)
+        ep = world.run_episode(task, chat)
+        ok += ep.success
+        right += bool(ep.tools_used) and ep.tools_used[0] == task.right_tool
+    return Score(episodes, ok, right)

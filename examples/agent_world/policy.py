@@ -1,0 +1,144 @@
+"""The behaviour policy: a tiny chat model built offline (no download) and taught
+the world by supervised fine-tuning on acted-out demonstrations in which the
+right tool is chosen only about half the time, so it starts mediocre (about
+30–50 % success at temperature 1) and has something to learn from its own
+rewarded episodes. Trained with `nightshift train --algorithm sft --full` on the
+demonstrations written as a transitions dataset; cached by its settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import world
+
+
+@dataclass
+class PolicySpec:
+    demos: int = 1500
+    p_right_tool: float = 0.5
+    read_epochs: float = 5.0  # phase 1: second calls only (reading a result back), so copying forms first
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    vocab: int = 1000
+    epochs: float = 1.0
+    learning_rate: float = 1.5e-3  # 3e-3 can leave phase 1 stuck before copying forms
+    batch_size: int = 8
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _rows(spec: PolicySpec) -> list[dict]:
+    """Each demonstration's two calls as transitions (reward 1: every row is kept)."""
+    from nightshift.schemas import SCHEMA_VERSION
+
+    rng = random.Random(spec.seed)
+    rows = []
+
+    def message(m: dict) -> dict:
+        calls = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                 for c in m.get("tool_calls") or []]
+        return {"role": m["role"], "content": m.get("content"), "name": None, "tool_calls": calls or None,
+                "tool_call_id": m.get("tool_call_id")}
+
+    for i in range(spec.demos):
+        chat = world.demonstration(world.make_task(rng), rng, spec.p_right_tool)
+        for step, cut in enumerate((2, 4)):
+            tid = f"{i:016x}{step:016x}"
+            rows.append({"transition_id": tid, "trace_id": f"{i:032x}", "span_id": f"{step:016x}",
+                         "trajectory_id": f"{i:032x}", "group_id": None, "step": step, "num_steps": 2,
+                         "agent_name": "demo", "service_name": "demo", "model": "demo", "provider": None,
+                         "input_messages": [message(m) for m in chat[:cut]], "output_message": message(chat[cut]),
+                         "tools": json.dumps(world.TOOLS), "finish_reason": None, "prompt_token_ids": None,
+                         "completion_token_ids": None, "completion_logprobs": None, "input_tokens": None,
+                         "output_tokens": None, "reward": 1.0, "reward_source": "demo", "return": 1.0, "advantage": 0.0,
+                         "start_time": None, "end_time": None, "convention": "demo", "truncated": False, "weight": 1.0,
+                         "flags": [], "schema_version": SCHEMA_VERSION})
+    return rows
+
+
+def _rendered(spec: PolicySpec) -> list[str]:
+    """The world's chats as the model will see them (template, tools block, tool
+    calls as JSON): the tokenizer learns them, so a prompt is tens of tokens."""
+    from nightshift.trainer.render import chat_message
+    from nightshift.trainer.tiny import CHATML_COMPACT, build_tokenizer
+
+    boot = build_tokenizer(300)
+    boot.chat_template = CHATML_COMPACT
+    texts = []
+    for chat in world.demonstrations(300, seed=spec.seed + 1):
+        msgs = [chat_message({**m, "tool_calls": [{"id": c["id"], "name": c["function"]["name"],
+                                                    "arguments": c["function"]["arguments"]}
+                                                   for c in m.get("tool_calls") or []] or None}) for m in chat]
+        texts.append(boot.apply_chat_template(msgs, tools=world.TOOLS, tokenize=False))
+    # every value a tool can return, in context, so each becomes one token and
+    # reading a result back is copying one token
+    values = " ".join(f"result: {v}. The answer is {v}." for v in (*world.NUMBERS, *world.COLOURS))
+    return texts + [values] * 4
+
+
+def build(out: Path, spec: PolicySpec | None = None, progress: bool = True) -> Path:
+    """The behaviour policy under `out` (a model folder any `from_pretrained` and
+    `nightshift serve` read), built unless a folder built with the same spec is there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nightshift.cli.settings import _apply
+    from nightshift.schemas import transitions
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.trainer.run import train
+    from nightshift.trainer.tiny import CHATML_COMPACT, build_model, build_tokenizer
+
+    spec = spec or PolicySpec()
+    out = Path(out)
+    stamp = out / "policy-spec.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("key") == spec.key():
+        return out
+    work = Path(tempfile.mkdtemp(prefix="agent-world-policy-"))
+    try:
+        tok = build_tokenizer(spec.vocab, corpus=_rendered(spec))
+        tok.chat_template = CHATML_COMPACT
+        model = build_model(tok, "qwen2", hidden=spec.hidden, layers=spec.layers, heads=spec.heads,
+                            kv_heads=max(1, spec.heads // 2), intermediate=4 * spec.hidden, max_positions=1024,
+                            seed=spec.seed)
+        model.save_pretrained(work / "init")
+        tok.save_pretrained(work / "init")
+        rows = _rows(spec)
+        base = work / "init"
+        for phase, (subset, epochs, lr) in enumerate([
+                ([r for r in rows if r["step"] == 1], spec.read_epochs, spec.learning_rate),  # reading results
+                (rows, spec.epochs, spec.learning_rate / 2)]):  # then choosing tools too
+            d = work / f"data{phase}" / "transitions" / "date=2026-01-01"
+            d.mkdir(parents=True)
+            pq.write_table(pa.Table.from_pylist(subset, schema=transitions.SCHEMA), d / "demos.parquet")
+            cfg = TrainConfig()
+            _apply(cfg, dict(data=str(work / f"data{phase}"), base_model=str(base), output=str(work / f"ck{phase}"),
+                             algorithm="sft", full_finetune=True, epochs=epochs, batch_size=spec.batch_size,
+                             learning_rate=lr, warmup=0.05, eval_fraction=0.0, tensorboard=False, max_length=1024,
+                             seed=spec.seed, save_steps=10**6, sft={"threshold": 0.0},
+                             served_model_name="agent-world-policy", logging_steps=50), "policy")
+            result = train(cfg, progress=progress)
+            base = Path(result.path)
+        tmp = out.parent / f".tmp-policy-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(result.path, tmp)
+        for name in ("manifest.json", "tensorboard"):
+            p = tmp / name
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        (tmp / "policy-spec.json").write_text(json.dumps({"key": spec.key(), **asdict(spec),
+                                                          "train_seconds": result.seconds, "tokens": result.tokens}))
+        shutil.rmtree(out, ignore_errors=True)
+        os.rename(tmp, out)
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

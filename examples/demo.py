@@ -1,0 +1,85 @@
+"""`make demo`: the whole promise on a laptop, no GPU. An unmodified agent runs, its
+spans flow in through one environment variable, rewards arrive (some on the
+spans, some later as feedback), a nightly cycle builds, trains, gates and
+publishes, and the same agent, on fresh tasks, gets better.
+
+    1. the behaviour policy: a tiny model taught the agent world (examples/agent_world)
+       so that it picks the right tool only part of the time (built once, then cached)
+    2. the collector and the model server start
+    3. the agent runs episodes through them (OTEL_EXPORTER_OTLP_ENDPOINT, OPENAI_BASE_URL)
+    4. feedback for half of them is posted afterwards
+    5. nightshift nightly: build -> train -> gate -> publish
+    6. the agent runs fresh episodes against the published adapter
+    7. success before and after, the report and its plot
+
+Embedded defaults only: local folders under ./nightshift-data, CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "agent_world"))
+
+import loop  # noqa: E402
+import policy  # noqa: E402
+
+DATA = Path(os.environ.get("NIGHTSHIFT_DATA", "./nightshift-data")).resolve()
+EPISODES = int(os.environ.get("DEMO_EPISODES", "200"))
+
+
+def say(step: str) -> None:
+    print(f"\n[{time.strftime('%H:%M:%S')}] {step}", flush=True)
+
+
+def main() -> int:
+    t0 = time.time()
+    logs = DATA / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    say("1/7 the behaviour policy: a tiny model built from a config and taught the agent world by SFT "
+        "(cached after the first run)")
+    model = policy.build(DATA / "models" / "world-policy", progress=True)
+    print(f"    {model}")
+    say("    the agent's own virtualenv: openai + opentelemetry-instrumentation-openai-v2, nothing of Nightshift")
+    python = loop.agent_python(Path(os.environ.get("DEMO_AGENT_VENV", ".venv-agent")).resolve())
+    say("2/7 starting `nightshift collect` and `nightshift serve --engine transformers` (the CPU stand-in for vLLM)")
+    collector = loop.start_collector(DATA, logs)
+    server = loop.start_server(model, "world-policy", logs)
+    print(f"    collector {collector.url}, model server {server.url}/v1")
+    try:
+        say(f"3/7 the agent runs {EPISODES} episodes: opentelemetry-instrument python agent.py "
+            f"(OTEL_EXPORTER_OTLP_ENDPOINT={collector.url}, AGENT_MODEL=world-policy)")
+        before = loop.run_agent(python, collector, server, "world-policy", EPISODES, seed=1, logs=logs)
+        print(f"    success: {loop.success(before):.0%} ({sum(r['success'] for r in before)}/{len(before)})")
+        say("4/7 rewards: half were recorded on the agent's spans (episode.reward); the rest arrive now as feedback")
+        print(f"    POST /v1/feedback: {loop.post_feedback(collector, before)} labels accepted")
+        say("    the collector drains and flushes on SIGTERM (every acknowledged span reaches Parquet)")
+        collector.stop()
+        say("5/7 nightshift nightly --config nightshift-data/demo.yaml: build -> train -> gate -> publish")
+        cfg = loop.nightly_config(DATA / "demo.yaml", DATA, model, DATA / "checkpoints", server)
+        rc = subprocess.call([sys.executable, "-m", "nightshift.cli", "nightly", "--config", str(cfg)])
+        if rc != 0:
+            print(f"nightshift nightly exited {rc}; see above", file=sys.stderr)
+            return rc
+        collector = loop.start_collector(DATA, logs)
+        say(f"6/7 the same agent, {EPISODES} fresh episodes, now with AGENT_MODEL=agent (the published adapter)")
+        after = loop.run_agent(python, collector, server, "agent", EPISODES, seed=2, logs=logs)
+        loop.post_feedback(collector, after)
+    finally:
+        collector.stop()
+        server.stop()
+    say("7/7 result")
+    print(f"    success before: {loop.success(before):.0%}   after one nightly cycle: {loop.success(after):.0%}")
+    reports = DATA / "checkpoints" / "reports"
+    print(f"    report: {reports / 'latest.md'}  plot: {reports / 'latest.png'}")
+    print(f"    ({time.time() - t0:.0f} s in all; logs under {logs})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
