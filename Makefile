@@ -12,8 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[train,test]'
 	touch $@
 
-demo: $(VENV)/.installed  ## end to end: receive spans, Parquet, transitions, train a tiny model on CPU
-	$(PY) examples/collector_demo.py
+demo: $(VENV)/.installed  ## the closed loop on a laptop: agent -> spans -> nightly (build, train, gate, publish) -> a better agent
+	$(PY) examples/demo.py
 
 test: $(VENV)/.installed  ## the whole test suite
 	$(PY) -m pytest -q
@@ -25,4 +25,4 @@ bench: $(VENV)/.installed  ## every stage's benchmark: ingest, transform, train 
 	$(PY) benchmarks/publish.py
 
 clean:
-	rm -rf $(VENV) nightshift-data
+	rm -rf $(VENV) .venv-agent nightshift-data

@@ -43,10 +43,11 @@ def main() -> int:
     logs.mkdir(parents=True, exist_ok=True)
     say("1/7 the behaviour policy: a tiny model built from a config and taught the agent world by SFT "
         "(cached after the first run)")
-    model = policy.build(DATA / "models" / "world-policy", progress=True)
+    model = policy.build(Path(os.environ.get("DEMO_POLICY_DIR") or DATA / "models" / "world-policy"), progress=True)
     print(f"    {model}")
     say("    the agent's own virtualenv: openai + opentelemetry-instrumentation-openai-v2, nothing of Nightshift")
-    python = loop.agent_python(Path(os.environ.get("DEMO_AGENT_VENV", ".venv-agent")).resolve())
+    python = (Path(os.environ["DEMO_AGENT_PYTHON"]) if os.environ.get("DEMO_AGENT_PYTHON")
+              else loop.agent_python(Path(os.environ.get("DEMO_AGENT_VENV", ".venv-agent")).resolve()))
     say("2/7 starting `nightshift collect` and `nightshift serve --engine transformers` (the CPU stand-in for vLLM)")
     collector = loop.start_collector(DATA, logs)
     server = loop.start_server(model, "world-policy", logs)
