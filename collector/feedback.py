@@ -107,7 +107,17 @@ def _text(item: Mapping, field: str, *, empty_ok: bool) -> str | None:
         raise FieldError(field, f"must be a string, got {describe(v)}")
     if not v and not empty_ok:
         raise FieldError(field, "must not be empty")
+    _check_unicode(field, v)
     return v
+
+
+def _check_unicode(field: str, v: str) -> None:
+    """JSON's `\ud800` escape gives a string no UTF-8 can hold (a lone surrogate):
+    refused here, or it would fail later, in the hash or the log, as a crash."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise FieldError(field, f"is not valid Unicode text: a lone surrogate at position {e.start}") from None
 
 
 def _value(item: Mapping) -> float:
@@ -176,7 +186,8 @@ def normalize(item: Any, default_name: str = DEFAULT_NAME,
         k = unknown[0]
         close = [_ALIASES[k]] if k in _ALIASES else difflib.get_close_matches(str(k), FIELDS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(FIELDS)})"
-        raise FieldError(str(k), "unknown field" + hint)
+        name = str(k).encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        raise FieldError(name, "unknown field" + hint)
     trace_id = _hex_id(item, "trace_id", _TRACE_ID, 32)
     conversation_id = _text(item, "conversation_id", empty_ok=False)
     if trace_id is None and conversation_id is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +61,22 @@ def _ids_to_b64(record: dict, keys: tuple[str, ...]) -> dict:
     return out
 
 
+#: A JSON escape of a UTF-16 surrogate (`\ud800`): rare, and only then are keys checked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _keys_without_surrogates(pairs: list[tuple[str, Any]]) -> dict:
+    """A lone surrogate in a key makes protobuf's field lookup fail with a
+    SystemError; such a key is no field name anyway, so it is made harmless (and
+    then ignored as unknown, as OTLP/JSON ignores unknown fields)."""
+    return {k.encode("utf-8", "replace").decode("utf-8"): v for k, v in pairs}
+
+
 def _load(body: bytes | str) -> dict:
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    hook = _keys_without_surrogates if _SURROGATE_ESCAPE.search(raw) else None
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, object_pairs_hook=hook)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise JsonDecodeError(f"body is not valid JSON: {e}") from None
     if not isinstance(doc, dict):

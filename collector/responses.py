@@ -18,7 +18,7 @@ _MAX_ERROR_CHARS = 4096
 
 
 def export_response(signal: str, result: Result):
-    msg = result.message[:_MAX_ERROR_CHARS]
+    msg = _text(result.message)
     if signal == "traces":
         resp = ExportTraceServiceResponse()
         if result.rejected or msg:
@@ -41,8 +41,19 @@ def retry_info(error: Overloaded) -> error_details_pb2.RetryInfo:
     )
 
 
+def _text(s: str) -> str:
+    """Messages echo what the client sent; a lone surrogate in them cannot be put on
+    the wire as UTF-8, so it is written as an escape instead."""
+    s = s[:_MAX_ERROR_CHARS]
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def status(error: Refused) -> status_pb2.Status:
-    st = status_pb2.Status(code=wire_status(error).grpc.value[0], message=error.message[:_MAX_ERROR_CHARS])
+    st = status_pb2.Status(code=wire_status(error).grpc.value[0], message=_text(error.message))
     if isinstance(error, Overloaded):
         d = any_pb2.Any()
         d.Pack(retry_info(error))
@@ -50,7 +61,7 @@ def status(error: Refused) -> status_pb2.Status:
     elif isinstance(error, BadRequest) and error.violations:
         d = any_pb2.Any()
         d.Pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=f, description=why) for f, why in error.violations
+            error_details_pb2.BadRequest.FieldViolation(field=_text(f), description=_text(why)) for f, why in error.violations
         ]))
         st.details.append(d)
     return st
