@@ -21,6 +21,7 @@ import os
 import struct
 import threading
 import time
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,30 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def instance_id(directory: Path) -> str:
+    """This log's name, made once and kept beside its segments. Segment numbers
+    restart in every log, so the flusher's file names carry it: several collectors
+    writing into one data folder or bucket (a sidecar per agent, a load-balanced
+    fleet) never write the same file name, and a redone segment still rewrites its
+    own. The receiver makes it when it opens the log, before the disk can fill."""
+    path = directory / "instance"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    ident = uuid.uuid4().hex[:12]
+    tmp = directory / f".instance.{os.getpid()}"
+    tmp.write_text(ident)
+    try:
+        os.link(tmp, path)  # first writer wins; a racing one reads the winner's id
+    except FileExistsError:
+        ident = path.read_text().strip()
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(directory)
+    return ident
 
 
 def record_header(kind: int, received_ns: int, payload: bytes) -> bytes:
@@ -201,7 +226,10 @@ class WriteAheadLog:
     def open(self) -> None:
         self._last_id = recover(self.dir)
         self._refresh_sealed(force=True)
-        self._new_segment()
+        try:
+            self._new_segment()
+        except OSError as e:  # a full disk at start: answer 503 until it is not
+            log.error("wal: cannot start a segment (%s); writes are refused until it can", e)
         self._thread = threading.Thread(target=self._run, name="wal-writer", daemon=True)
         self._thread.start()
 
@@ -271,12 +299,19 @@ class WriteAheadLog:
                     self._cond.wait(0.05)
                 batch, self._batch = self._batch, _Batch()
                 closing = self._closing
-            if batch.records:
-                self._write(batch)
-            if self._roll_due():
-                self._roll()
-            if not batch.records:
-                self._refresh_sealed()
+            try:
+                if batch.records:
+                    self._write(batch)
+                if self._roll_due():
+                    self._roll()
+                if not batch.records:
+                    self._refresh_sealed()
+            except Exception as e:  # noqa: BLE001 - the writer must outlive any one failure
+                log.exception("wal: unexpected error in the writer; the batch is refused (retryable)")
+                if not batch.done.is_set():
+                    batch.error = e
+                    batch.done.set()
+                time.sleep(0.1)
             if closing and not self._batch.records:
                 return
 
@@ -291,8 +326,16 @@ class WriteAheadLog:
         )
 
     def _write(self, batch: _Batch) -> None:
-        start_size = self._active_size
         t0 = time.perf_counter()
+        if self._fd < 0:  # a new segment could not be started before (a full disk): again now
+            try:
+                self._new_segment()
+            except OSError as e:
+                log.error("wal: cannot start a segment (%s); answering 503 until it can", e)
+                batch.error = e
+                batch.done.set()
+                return
+        start_size = self._active_size
         try:
             _write_all(self._fd, batch.records, batch.size)
             if self.sync:
@@ -319,12 +362,20 @@ class WriteAheadLog:
         batch.done.set()
 
     def _new_segment(self) -> None:
+        """Starts the next segment; on failure (a full disk) leaves none, and the
+        next write tries again."""
         self._last_id = max(self._last_id + 1, time.time_ns())
-        self._path = self.dir / f"{self._last_id:020d}{ACTIVE}"
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.write(self._fd, MAGIC)
-        os.fsync(self._fd)
-        _fsync_dir(self.dir)
+        path = self.dir / f"{self._last_id:020d}{ACTIVE}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, MAGIC)
+            os.fsync(fd)
+            _fsync_dir(self.dir)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._fd, self._path = fd, path
         self._active_size = len(MAGIC)
         self._active_records = 0
         self._opened_at = time.monotonic()
@@ -341,9 +392,13 @@ class WriteAheadLog:
             self._path.unlink()
         _fsync_dir(self.dir)
         self._active_size = 0
+        self._active_records = 0
 
     def _roll(self) -> None:
         with self._cond:
             self._roll_requested = False
         self._seal()
-        self._new_segment()
+        try:
+            self._new_segment()
+        except OSError as e:
+            log.error("wal: cannot start a new segment (%s); the next write tries again", e)

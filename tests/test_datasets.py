@@ -517,7 +517,7 @@ def test_memory_filesystem_as_data_root(segs):
 def test_two_collectors_writing_into_one_data_folder_keep_every_span(tmp_path, data):
     """Segment numbers restart in every WAL; the WAL's instance id in the file name
     keeps a second collector's segment 1001 from replacing the first one's."""
-    from nightshift.collector.flusher import instance_id
+    from nightshift.collector.wal import instance_id
 
     a, b = Segments(tmp_path / "wal-a"), Segments(tmp_path / "wal-b")
     ida, idb = instance_id(a.dir), instance_id(b.dir)

@@ -294,3 +294,31 @@ def test_encode_record_layout():
     assert rec[wal.HEADER.size :] == b"payload"
     records_, end = wal._scan(wal.MAGIC + rec)
     assert records_ == [(KIND_LOGS, 42, b"payload")] and end == len(wal.MAGIC) + len(rec)
+
+
+def test_a_full_disk_when_starting_a_segment_is_survived(open_wal, tmp_path, monkeypatch):
+    """A roll that cannot write the new segment's header (ENOSPC) used to kill the
+    writer thread, and with it every later acknowledgement (found by the disk-full
+    campaign, hardening/faults.py). Now: refused while full, accepted once not."""
+    w = open_wal(segment_bytes=64)  # every append rolls; the first segment exists already
+    real_write = os.write
+    state = {"full": True, "refused": 0}
+
+    def full_disk_write(fd, data):
+        if state["full"] and bytes(data[:8]) == wal.MAGIC:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(wal.os, "write", full_disk_write)
+    w.append(KIND_TRACES, b"first" * 20)  # fits in the open segment; the roll after it cannot start the next
+    for _ in range(3):
+        with pytest.raises(errors.Overloaded):
+            w.append(KIND_TRACES, b"refused")
+        state["refused"] += 1
+    assert w._thread.is_alive()
+    state["full"] = False  # space is back
+    w.append(KIND_TRACES, b"second")
+    monkeypatch.undo()
+    w.close()
+    assert [p for _, _, p in records(tmp_path / "wal")] == [b"first" * 20, b"second"]
+    assert not list((tmp_path / "wal").glob("*.active"))
