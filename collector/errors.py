@@ -1,8 +1,9 @@
 """Why a request was refused, and what each transport answers: the one place where
 outcomes map to HTTP and gRPC codes (OTLP spec, "Failures").
 
-Only overload is retryable (HTTP 503 + Retry-After, gRPC UNAVAILABLE + RetryInfo);
-everything else tells the client not to resend the same bytes.
+Only overload is retryable (HTTP 503 + Retry-After, gRPC UNAVAILABLE + RetryInfo;
+a client over its own limits: HTTP 429 + Retry-After, gRPC RESOURCE_EXHAUSTED +
+RetryInfo); everything else tells the client not to resend the same bytes.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class NotFound(Refused):
     reason = "not_found"
 
 
+class RequestTimeout(Refused):
+    """The client stopped sending in the middle of its request body."""
+
+    reason = "timeout"
+
+
 class Overloaded(Refused):
     """Retryable: the WAL is over its cap, the disk refused a write, or too many
     requests are in flight. Clients back off `retry_after` seconds and resend."""
@@ -58,6 +65,13 @@ class Overloaded(Refused):
     def __init__(self, message: str, retry_after: float = 1.0):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Throttled(Overloaded):
+    """Retryable: this client is over its own share (`fairness`); others are not
+    affected. RESOURCE_EXHAUSTED is retryable only with RetryInfo, which it carries."""
+
+    reason = "throttled"
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,9 @@ _STATUS = {
     UnsupportedMediaType: WireStatus(415, grpc.StatusCode.INVALID_ARGUMENT),
     Unauthenticated: WireStatus(401, grpc.StatusCode.UNAUTHENTICATED),
     NotFound: WireStatus(404, grpc.StatusCode.UNIMPLEMENTED),
+    RequestTimeout: WireStatus(408, grpc.StatusCode.DEADLINE_EXCEEDED),
     Overloaded: WireStatus(503, grpc.StatusCode.UNAVAILABLE),
+    Throttled: WireStatus(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
 }
 
 

@@ -15,6 +15,7 @@ import grpc
 
 from . import decode
 from .errors import Overloaded, Refused, TooLarge, Unauthenticated, wire_status
+from .fairness import peer_host
 from .pipeline import Pipeline
 from .responses import export_response, retry_info, status
 
@@ -27,7 +28,9 @@ SERVICES = {
 }
 
 
-def _handler(signal: str, pipeline: Pipeline, token: str, limit: int):
+def make_export(signal: str, pipeline: Pipeline, token: str, limit: int):
+    """`export(request_bytes, context) -> response_bytes`, aborting the call with
+    the mapped status on a refusal; the fuzzing campaigns call it directly."""
     expected = f"Bearer {token}".encode() if token else b""
     metrics = pipeline.metrics
 
@@ -40,7 +43,8 @@ def _handler(signal: str, pipeline: Pipeline, token: str, limit: int):
                     raise Unauthenticated("missing or wrong bearer token (metadata `authorization: Bearer <token>`)")
             if len(request) > limit:
                 raise TooLarge(f"request is {len(request)} bytes, over the {limit}-byte limit")
-            with pipeline.admit():
+            with pipeline.admit(peer_host(context.peer())) as slot:
+                slot.charge(len(request))
                 result = pipeline.export(signal, decode.parse(signal, request, decode.PROTOBUF))
             return export_response(signal, result).SerializeToString()
         except Refused as e:
@@ -51,10 +55,13 @@ def _handler(signal: str, pipeline: Pipeline, token: str, limit: int):
                 trailers.append(("google.rpc.retryinfo-bin", retry_info(e).SerializeToString()))
             context.set_trailing_metadata(tuple(trailers))
             context.abort(wire_status(e).grpc, e.message)
+        except Exception:  # a bug: INTERNAL, logged, instead of grpc's bare UNKNOWN
+            log.exception("unexpected error handling %s Export", signal)
+            context.abort(grpc.StatusCode.INTERNAL, "internal error")
         finally:
             metrics.request_seconds.labels("grpc", signal).observe(time.perf_counter() - t0)
 
-    return grpc.unary_unary_rpc_method_handler(export)
+    return export
 
 
 def start(address: str, pipeline: Pipeline, *, token: str, limit: int, workers: int,
@@ -68,7 +75,7 @@ def start(address: str, pipeline: Pipeline, *, token: str, limit: int, workers: 
         ],
     )
     server.add_generic_rpc_handlers(
-        [grpc.method_handlers_generic_handler(svc, {"Export": _handler(sig, pipeline, token, limit)}) for sig, svc in SERVICES.items()]
+        [grpc.method_handlers_generic_handler(svc, {"Export": grpc.unary_unary_rpc_method_handler(make_export(sig, pipeline, token, limit))}) for sig, svc in SERVICES.items()]
     )
     if tls:
         cert, key = tls

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from . import feedback, validate, wal
 from .decode import Parsed
 from .errors import BadRequest, Overloaded
+from .fairness import ClientLimits
 from .metrics import Metrics
 from .redact import Redactor
 
@@ -25,17 +26,24 @@ class Result:
 
 
 class Pipeline:
-    def __init__(self, log: wal.WriteAheadLog, redactor: Redactor, metrics: Metrics, max_inflight: int):
+    def __init__(self, log: wal.WriteAheadLog, redactor: Redactor, metrics: Metrics, max_inflight: int,
+                 limits: ClientLimits | None = None):
         self.log = log
         self.redactor = redactor
         self.metrics = metrics
+        self.limits = limits or ClientLimits(0)
         self._slots = threading.BoundedSemaphore(max_inflight)
 
-    def admit(self):
-        """A context manager holding one in-flight slot, or Overloaded at once."""
+    def admit(self, client: str = "") -> "_Slot":
+        """A context manager holding one of the client's slots and one of the
+        collector's, or Throttled / Overloaded at once. The client's own limit
+        is checked first, so a noisy client is turned away before it can take
+        one of the shared slots."""
+        self.limits.acquire(client)
         if not self._slots.acquire(blocking=False):
+            self.limits.release(client)
             raise Overloaded("too many requests in flight", retry_after=1.0)
-        return _Slot(self)
+        return _Slot(self, client)
 
     def export(self, signal: str, parsed: Parsed) -> Result:
         msg = parsed.message
@@ -98,8 +106,13 @@ class Pipeline:
 
 
 class _Slot:
-    def __init__(self, p: Pipeline):
+    def __init__(self, p: Pipeline, client: str):
         self.p = p
+        self.client = client
+
+    def charge(self, nbytes: int) -> None:
+        """Bills the request's decompressed size to its client's write rate."""
+        self.p.limits.charge(self.client, nbytes)
 
     def __enter__(self):
         self.p.metrics.inflight.inc()
@@ -108,4 +121,5 @@ class _Slot:
     def __exit__(self, *exc):
         self.p.metrics.inflight.dec()
         self.p._slots.release()
+        self.p.limits.release(self.client)
         return False
