@@ -178,10 +178,22 @@ class PartitionedWriter:
     def abort(self) -> None:
         for w, f, tmp, final in self._writers.values():
             try:
-                w.close()
-                f.close()
-                if self.store.local and self.store.fs.exists(tmp):
-                    self.store.fs.rm(tmp)
+                if self.store.local:
+                    w.close()
+                    f.close()
+                    if self.store.fs.exists(tmp):
+                        self.store.fs.rm(tmp)
+                elif hasattr(f, "discard"):
+                    # Closing an object-store file uploads it: throw it away instead,
+                    # so a part-written file never shows under its final name.
+                    try:
+                        f.discard()
+                    finally:
+                        f.closed = True  # and nothing (not even its finalizer) uploads it
+                        w.close()
+                else:
+                    w.close()
+                    f.close()
             except Exception:  # noqa: BLE001 - best effort; the batch is redone
                 pass
         self._writers.clear()

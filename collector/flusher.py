@@ -13,14 +13,13 @@ import logging
 import os
 import signal
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from . import feedback, wal
+from . import failpoints, feedback, wal
 from .convert import LogBuilder, SpanBuilder
 from .datasets import DatasetStore
 from .feedback_table import FeedbackBuilder
@@ -31,7 +30,8 @@ log = logging.getLogger("nightshift.collector.flusher")
 #: segment size (each chunk becomes a row group of the segment's file).
 CHUNK_BYTES = 8 << 20
 
-from .flusher_stats import DUPLICATES, ERRORS, FEEDBACK, LAST_FLUSH_S, LOGS, OLDEST_PENDING_NS, SEGMENTS, SPANS
+from .flusher_stats import (DUPLICATES, ERRORS, FEEDBACK, FLUSH_STARTED_S, LAST_FLUSH_S, LOGS, OLDEST_PENDING_NS,
+                            SEGMENTS, SPANS)
 
 
 @dataclass
@@ -41,29 +41,6 @@ class SegmentResult:
     feedback: int = 0
     duplicates: int = 0
     files: int = 0
-
-
-def instance_id(wal_dir: Path) -> str:
-    """This WAL's name, made once and kept beside its segments. Segment numbers
-    restart in every WAL, so file names carry it: several collectors writing into
-    one data folder or bucket (a sidecar per agent, a load-balanced fleet) never
-    write the same file name, and a redone segment still rewrites its own."""
-    path = wal_dir / "instance"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
-    ident = uuid.uuid4().hex[:12]
-    tmp = wal_dir / f".instance.{os.getpid()}"
-    tmp.write_text(ident)
-    try:
-        os.link(tmp, path)  # first writer wins; a racing one reads the winner's id
-    except FileExistsError:
-        ident = path.read_text().strip()
-    finally:
-        tmp.unlink(missing_ok=True)
-    wal._fsync_dir(wal_dir)
-    return ident
 
 
 def batch_of(segment: Path, instance: str) -> str:
@@ -98,6 +75,7 @@ def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTE
             if size >= chunk_bytes:
                 drain()
         drain()
+        failpoints.hit("flusher.before_commit")
         done = {name: w.commit() for name, w in writers.items()}
     except BaseException:
         for w in writers.values():
@@ -128,11 +106,8 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
     directory = Path(wal_dir)
     lock = _lock(directory / "flusher.lock")
     try:
-        instance = instance_id(directory)
-        store = DatasetStore(
-            data_url, storage_options, window_s=dedup_window,
-            exclude_batches=lambda: {batch_of(p, instance) for p in wal.sealed_segments(directory)},
-        )
+        instance = wal.instance_id(directory)
+        store: DatasetStore | None = None  # made on first use: a store that is down at start is retried too
         backoff = 0.0
         while True:
             if os.getppid() != parent_pid:
@@ -147,16 +122,25 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
                 continue
             seg = segments[0]
             t0 = time.perf_counter()
+            stats[FLUSH_STARTED_S] = time.time()  # the receiver's watchdog restarts a flush that hangs
             try:
+                if store is None:
+                    store = DatasetStore(
+                        data_url, storage_options, window_s=dedup_window,
+                        exclude_batches=lambda: {batch_of(p, instance) for p in wal.sealed_segments(directory)},
+                    )
                 res = flush_segment(seg, store, instance=instance)
+                failpoints.hit("flusher.after_commit")  # Parquet durable, segment not yet trimmed
                 seg.unlink()
                 wal._fsync_dir(directory)
             except Exception as e:  # noqa: BLE001 - the segment stays; retried with backoff
+                stats[FLUSH_STARTED_S] = 0.0
                 backoff = min(30.0, max(0.5, backoff * 2))
                 stats[ERRORS] += 1
                 log.error("flusher: %s failed (%s: %s); kept in the WAL, retrying in %.1fs", seg.name, type(e).__name__, e, backoff)
                 stop.wait(backoff) if not stop.is_set() else time.sleep(min(backoff, 1.0))
                 continue
+            stats[FLUSH_STARTED_S] = 0.0
             backoff = 0.0
             dt = time.perf_counter() - t0
             stats[SPANS] += res.spans

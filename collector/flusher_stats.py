@@ -5,8 +5,8 @@ only inside the child, so the receiver process stays small."""
 from __future__ import annotations
 
 # Indices into the shared stats array.
-SPANS, LOGS, DUPLICATES, SEGMENTS, ERRORS, LAST_FLUSH_S, OLDEST_PENDING_NS, FEEDBACK = range(8)
-NSTATS = 8
+SPANS, LOGS, DUPLICATES, SEGMENTS, ERRORS, LAST_FLUSH_S, OLDEST_PENDING_NS, FEEDBACK, FLUSH_STARTED_S = range(9)
+NSTATS = 9  # FLUSH_STARTED_S: wall time the segment being flushed was started, 0 when idle
 
 
 def run_flusher(*args, **kwargs) -> None:

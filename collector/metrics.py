@@ -24,6 +24,7 @@ class Metrics:
         self.flushed = Gauge("nightshift_flushed", "Records written to Parquet by the flusher since start.", ["signal"], registry=r)
         self.duplicates = Gauge("nightshift_duplicates_dropped", "Resent records found already stored and dropped, since start.", registry=r)
         self.flush_errors = Gauge("nightshift_flush_errors", "Failed flush attempts since start (the data stays in the WAL and is retried).", registry=r)
+        self.flusher_restarts = Counter("nightshift_flusher_restarts", "Flusher processes restarted, by why (exited, stuck past flush_timeout).", ["why"], registry=r)
         self.inflight = Gauge("nightshift_requests_in_flight", "Requests being handled.", registry=r)
 
     def render(self) -> bytes:

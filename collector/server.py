@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import flusher_stats, grpc_server, http_server, wal
 from .config import CollectorConfig
+from .fairness import ClientLimits
 from .metrics import Metrics
 from .pipeline import Pipeline
 from .redact import Redactor
@@ -107,8 +108,10 @@ class Collector:
 
         self.log.on_sync = on_sync
         self.log.open()
+        wal.instance_id(self.wal_dir)  # now, while there is room: the flusher needs it to name its files
         self._start_flusher()
-        self.pipeline = Pipeline(self.log, redactor, self.metrics, cfg.max_inflight)
+        limits = ClientLimits(cfg.client_max_inflight, cfg.client_bytes_per_s, cfg.client_burst_bytes)
+        self.pipeline = Pipeline(self.log, redactor, self.metrics, cfg.max_inflight, limits)
         tls_pair = None
         http_tls = None
         if cfg.tls_cert or cfg.tls_key:
@@ -123,7 +126,7 @@ class Collector:
         if cfg.http and cfg.http != "off":
             self._http, self.http_port = http_server.start(
                 cfg.http, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, tls=http_tls, health=self._health,
-                before_scrape=self._refresh_gauges,
+                before_scrape=self._refresh_gauges, request_timeout=cfg.request_timeout or None,
             )
         self.ready = True
         log.info(
@@ -134,12 +137,31 @@ class Collector:
             ",".join(cfg.redact.presets + [r["name"] for r in cfg.redact.rules]) or "off",
         )
 
+    def _watch_flusher(self) -> None:
+        """Restarts a flusher that died, or that has been stuck on one segment for
+        longer than `flush_timeout` (an object store that hangs instead of
+        failing). The WAL keeps the segment; the new flusher redoes it."""
+        if not self._flusher:
+            return
+        started = self._stats[flusher_stats.FLUSH_STARTED_S]
+        if self._flusher.is_alive() and started and time.time() - started > self.cfg.flush_timeout:
+            log.error("flusher stuck for %.0fs on one segment (flush_timeout %.0fs); killing and restarting it "
+                      "(nothing is lost: the WAL keeps the data)", time.time() - started, self.cfg.flush_timeout)
+            self._flusher.kill()
+            self._flusher.join(10)
+            self._stats[flusher_stats.FLUSH_STARTED_S] = 0.0
+            self.metrics.flusher_restarts.labels("stuck").inc()
+            self._start_flusher()
+        elif not self._flusher.is_alive():
+            log.error("flusher exited with code %s; restarting it (nothing is lost: the WAL keeps the data)",
+                      self._flusher.exitcode)
+            self._stats[flusher_stats.FLUSH_STARTED_S] = 0.0
+            self.metrics.flusher_restarts.labels("exited").inc()
+            self._start_flusher()
+
     def serve_forever(self) -> int:
         while not self._stop.wait(1.0):
-            if self._flusher and not self._flusher.is_alive():
-                log.error("flusher exited with code %s; restarting it (nothing is lost: the WAL keeps the data)",
-                          self._flusher.exitcode)
-                self._start_flusher()
+            self._watch_flusher()
         return self.shutdown()
 
     def request_stop(self, *_: object) -> None:
