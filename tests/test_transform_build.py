@@ -191,6 +191,21 @@ def test_feedback_overrides_span_reward_and_targets_a_call(tmp_path):
     assert {r["reward"] for r in df.filter(pl.col("trace_id") == a.hex).iter_rows(named=True)} == {0.0}
 
 
+def test_feedback_outranks_a_primary_span_reward_by_default(tmp_path):
+    """No `reward.name` set: `reward.prefer` (feedback first) decides between a span's
+    primary reward and a user's label posted later, whatever the label is called."""
+    a, b = episode("a", 0.0), episode("b", 0.0)
+    write_spans(tmp_path, [a, b])
+    _feedback(tmp_path, [{"feedback_id": "u1", "trace_id": a.hex, "name": "user_rating", "value": 1.0,
+                          "received_time": T0 + DAY // 2, "source": "http"}])
+    df, s = run(tmp_path)
+    got = {r["trace_id"]: (r["reward"], r["reward_source"]) for r in df.iter_rows(named=True)}
+    assert got[a.hex] == (1.0, "feedback:user_rating")
+    assert got[b.hex] == (0.0, "span:agentlightning")
+    df, _ = run(tmp_path, reward__prefer=["span", "feedback"])
+    assert {r["reward"] for r in df.filter(pl.col("trace_id") == a.hex).iter_rows(named=True)} == {0.0}
+
+
 def test_feedback_by_conversation_id(tmp_path):
     t = episode("conv", None)
     t.spans[1].attrs["gen_ai.conversation.id"] = "session-7"

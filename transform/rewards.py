@@ -113,25 +113,25 @@ def from_span(span_name: str, attrs: Mapping[str, Any], user_keys: tuple[str, ..
 
 
 def outcome(observations: list[Observation], name: str, prefer: list[str]) -> Observation | None:
-    """The trajectory's result: among observations of the chosen name (the primary
-    one when `name` is empty), the preferred source's latest."""
+    """The trajectory's result. With a chosen `name`: the preferred source's latest
+    observation of that name. Without one: the most preferred source that has any
+    (feedback posted later corrects what a span said), and within it the primary
+    observation (else the first name seen), its latest."""
     if not observations:
         return None
-    if name:
-        pool = [o for o in observations if o.name == name]
-    else:
-        prim = [o for o in observations if o.primary]
-        if prim:
-            pool = prim
-        else:  # no primary marked: the first name seen in time order
-            first = min(observations, key=lambda o: o.time_ns).name
-            pool = [o for o in observations if o.name == first]
-    if not pool:
-        return None
     for source in prefer:
-        got = [o for o in pool if o.source == source]
-        if got:
-            return max(got, key=lambda o: o.time_ns)
+        pool = [o for o in observations if o.source == source]
+        if name:
+            pool = [o for o in pool if o.name == name]
+        elif pool:
+            prim = [o for o in pool if o.primary]
+            if prim:
+                pool = prim
+            else:  # no primary marked: the first name seen in time order
+                first = min(pool, key=lambda o: o.time_ns).name
+                pool = [o for o in pool if o.name == first]
+        if pool:
+            return max(pool, key=lambda o: o.time_ns)
     return None
 
 
