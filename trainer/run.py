@@ -6,6 +6,8 @@ ends up in the summary and in the checkpoint's manifest.
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 import hashlib
 import json
@@ -201,7 +203,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg)
     if on_gpu() and not hasattr(policy, "hf_device_map"):
-        policy.to("cuda")
+        # this process's GPU: under torchrun / accelerate launch each rank has its own
+        policy.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
     ref_which = cfg.pg.reference if cfg.algorithm == "pg" else "base"
     with reference(cfg, policy, ref_which) as ref_fn:
         eval_before = _evaluate(cfg, policy, eval_features, tok, ref_fn)

@@ -7,6 +7,7 @@ needs, filtered, and every row left out counted by reason.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,6 +41,11 @@ OPTIONAL = {
 }
 
 
+#: Columns besides id, reward and advantage that make a row's content.
+HASHED = ("weight", "input_messages", "output_message", "tools", "prompt_token_ids", "completion_token_ids",
+          "completion_logprobs")
+
+
 @dataclass
 class Selection:
     rows: list[dict]
@@ -49,10 +55,15 @@ class Selection:
     until: str = ""
 
     def content_hash(self) -> str:
-        """Identifies what was trained on: the rows' ids, rewards and advantages."""
+        """Identifies what was trained on: each row's id, reward, advantage, weight,
+        messages, tools and logged tokens (a rebuild that changed any of them is
+        other data, and resumes nothing)."""
         h = hashlib.sha256()
         for r in sorted(self.rows, key=lambda r: r["transition_id"]):
-            h.update(f"{r['transition_id']}|{r['reward']!r}|{r.get('advantage')!r}\n".encode())
+            content = [r.get(k) for k in HASHED]
+            h.update(f"{r['transition_id']}|{r['reward']!r}|{r.get('advantage')!r}|".encode())
+            h.update(json.dumps(content, sort_keys=True, default=repr).encode())
+            h.update(b"\n")
         return h.hexdigest()
 
 
