@@ -109,6 +109,7 @@ class _Scripted(BaseHTTPRequestHandler):
 
     script: list = []
     calls: list = []
+    extra_models: list = []
 
     def log_message(self, *a):
         pass
@@ -121,7 +122,8 @@ class _Scripted(BaseHTTPRequestHandler):
         self.wfile.write(body.encode())
 
     def do_GET(self):
-        self._send(200, json.dumps({"object": "list", "data": [{"id": "tiny", "root": "/m/tiny", "parent": None}]}))
+        data = [{"id": "tiny", "root": "/m/tiny", "parent": None}, *type(self).extra_models]
+        self._send(200, json.dumps({"object": "list", "data": data}))
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -163,6 +165,30 @@ def test_transient_errors_are_retried_with_backoff(tmp_path, tool_adapter):
         assert client.load_lora("a", "/p") == "Success: LoRA adapter 'a' added successfully."
         assert len(_Scripted.calls) == 3
     finally:
+        srv.shutdown()
+
+
+def test_a_load_that_timed_out_but_happened_is_not_an_error_on_retry(tmp_path, tool_adapter):
+    """The first POST is answered 504 after the server did load the adapter; the
+    retry hears "already been loaded". Serving that very path, it counts as done."""
+    from nightshift.trainer.vllm_client import VLLMClient, VLLMError
+
+    already = json.dumps({"object": "error", "type": "InvalidUserInput", "code": 400,
+                          "message": "The lora adapter 'a' has already been loaded. If you want to load the adapter "
+                                     "in place, set 'load_inplace' to True."})
+    _Scripted.calls = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = VLLMClient(f"http://127.0.0.1:{srv.server_address[1]}", backoff=0.01, retries=3)
+        _Scripted.script = [(504, "{}"), (400, already)]
+        _Scripted.extra_models = [{"id": "a", "root": "/p", "parent": "tiny"}]
+        assert client.load_lora("a", "/p") == "already loaded: a from /p"
+        _Scripted.script = [(504, "{}"), (400, already)]  # loaded, but from another path: a real error
+        with pytest.raises(VLLMError, match="already been loaded"):
+            client.load_lora("a", "/other")
+    finally:
+        _Scripted.extra_models = []
         srv.shutdown()
 
 

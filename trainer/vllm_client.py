@@ -72,8 +72,16 @@ class VLLMClient:
             raise VLLMError(f"GET {self.url}/v1/models did not answer a model list: {text[:300]}") from None
 
     def load_lora(self, name: str, path: str, load_inplace: bool = False) -> str:
-        _, text = self._call("POST", "/v1/load_lora_adapter",
-                             {"lora_name": name, "lora_path": path, "load_inplace": load_inplace}, timeout=300)
+        try:
+            _, text = self._call("POST", "/v1/load_lora_adapter",
+                                 {"lora_name": name, "lora_path": path, "load_inplace": load_inplace}, timeout=300)
+        except VLLMError as e:
+            # A load that timed out may still have happened: its retry is then told the
+            # name is taken. If the server serves exactly this path under it, it is done.
+            if e.status == 400 and "already been loaded" in e.body and any(
+                    m.get("id") == name and m.get("root") == path for m in self.models()):
+                return f"already loaded: {name} from {path}"
+            raise
         return text
 
     def unload_lora(self, name: str) -> str:
