@@ -159,8 +159,11 @@ def test_the_gate_blocks_a_worse_checkpoint(tmp_path, tiny_model):
     assert not blocked.passed and "adv_weighted_logp worse by" in blocked.reason
     assert blocked.candidate_metrics["adv_weighted_logp"] < blocked.published_metrics["adv_weighted_logp"]
     assert blocked.candidate_metrics["rows"] == blocked.published_metrics["rows"] > 0  # the same held-out rows
+    gap = blocked.published_metrics["adv_weighted_logp"] - blocked.candidate_metrics["adv_weighted_logp"]
+    tolerated = gate(worse, good, judge, GateSettings(margin=gap * 1.5), log_dir=str(tmp_path))
+    assert tolerated.passed and "within the margin" in tolerated.reason  # worse, but by less than the margin
     passed = gate(good, worse, judge, GateSettings(), log_dir=str(tmp_path))
     assert passed.passed
     vs_base = gate(good, None, judge, GateSettings())
     assert vs_base.passed and vs_base.published is None
-    assert len((tmp_path / "gate-log.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "gate-log.jsonl").read_text().splitlines()) == 3
