@@ -89,6 +89,8 @@ def _unzstd(body: bytes, limit: int) -> bytes:
     """Bounded: output is read in chunks and refused past `limit`, so a tiny frame
     of a huge run of zeros costs at most `limit` bytes. Every frame is read, and a
     body that ends inside a frame is refused."""
+    if not body:  # as with gzip and deflate: an empty body is not a compressed stream
+        raise BadRequest("truncated zstd body (empty)")
     out = bytearray()
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)

@@ -87,7 +87,14 @@ def _load(body: bytes | str) -> dict:
 def _parse(d: Any, msg: Message) -> Message:
     if not isinstance(d, dict):
         raise json_format.ParseError(f"expected an object, got {type(d).__name__}")
-    json_format.ParseDict(d, msg, ignore_unknown_fields=True, max_recursion_depth=64)
+    try:
+        json_format.ParseDict(d, msg, ignore_unknown_fields=True, max_recursion_depth=64)
+    except json_format.ParseError:
+        raise
+    except (OverflowError, ValueError, TypeError) as e:
+        # json_format lets some bad values through as other errors: `"severityNumber":
+        # Infinity` (Python's JSON reads the bare literal) is an OverflowError in int().
+        raise json_format.ParseError(f"{type(e).__name__}: {e}") from None
     return msg
 
 

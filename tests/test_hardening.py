@@ -55,6 +55,27 @@ def test_otlp_json_key_with_a_lone_surrogate_is_ignored_as_unknown(tmp_path):
     t.close()
 
 
+@pytest.mark.parametrize("path,headers,body,code,rejected", [
+    # found by the million-case campaign: json_format let an Infinity through as an OverflowError (500)
+    ("/v1/logs", {"content-type": "application/json"},
+     b'{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"severityNumber": Infinity, "body": {"boolValue": true}}]}]}]}',
+     200, 1),
+    ("/v1/traces", {"content-type": "application/json"},
+     b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"5b8efff798038103d269b633813fc60c",'
+     b'"spanId":"5b8efff798038103","kind": -Infinity}]}]}]}', 200, 1),
+    # ...and an empty body said to be zstd was read as an empty request (200), unlike gzip's and deflate's 400
+    ("/v1/traces", {"content-type": "application/x-protobuf", "content-encoding": "zstd"}, b"", 400, None),
+    ("/v1/traces", {"content-type": "application/x-protobuf", "content-encoding": "gzip"}, b"", 400, None),
+])
+def test_campaign_findings_stay_fixed(tmp_path, path, headers, body, code, rejected):
+    t = fuzz.Target(tmp_path)
+    r = t.post(path, headers, lambda: body, "test")
+    t.close()
+    assert r.code == code, r.body
+    if rejected is not None:
+        assert fuzz._rejected_in(r.body, r.content_type, path) == rejected
+
+
 def test_every_generator_yields_cases_its_oracle_describes():
     import random
 
