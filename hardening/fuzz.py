@@ -291,7 +291,8 @@ def campaign(cases: int, seed: int = 1, jobs: int = 1, chunk: int = 2000, flush_
             it = map(run_chunk, work)
             pool = None
         else:
-            pool = mp.get_context("fork").Pool(jobs, maxtasksperchild=None)
+            # spawn, not fork: the parent goes on to use sockets, threads and grpc afterwards
+            pool = mp.get_context("spawn").Pool(jobs, maxtasksperchild=None)
             it = pool.imap_unordered(run_chunk, work)
         if progress:
             from tqdm import tqdm

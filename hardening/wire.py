@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import random
+import select
 import socket
 import tempfile
 import time
@@ -46,9 +47,11 @@ def _framing(rng: random.Random, port: int) -> tuple[str, frozenset[int] | None,
     return "stall", frozenset({408}), (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body[: len(body) // 2]
 
 
-def _raw(port: int, data: bytes, stall: bool) -> int | None:
-    """Sends `data`; returns the status code, or None if the server closed without one."""
-    with socket.create_connection(("127.0.0.1", port), timeout=STALL_S * 10) as s:
+def _raw(port: int, data: bytes, stall: bool, limit_s: float = STALL_S * 10) -> int | str | None:
+    """Sends `data`; returns the status code, None if the server closed without
+    one, or "no answer" if nothing came within `limit_s` (a hang: a failure)."""
+    deadline = time.monotonic() + limit_s
+    with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as s:
         try:
             s.sendall(data)
             if not stall:
@@ -56,14 +59,17 @@ def _raw(port: int, data: bytes, stall: bool) -> int | None:
         except OSError:
             pass
         buf = b""
-        try:
-            while b"\r\n" not in buf:
+        while b"\r\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([s], [], [], left)[0]:
+                return "no answer"
+            try:
                 got = s.recv(4096)
-                if not got:
-                    break
-                buf += got
-        except OSError:
-            return None
+            except OSError:
+                return None
+            if not got:
+                break
+            buf += got
     if not buf.startswith(b"HTTP/1."):
         return None
     return int(buf.split(b" ", 2)[1])
