@@ -18,8 +18,8 @@ def stamp(command: str) -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=DOC.parent.parent).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                               cwd=DOC.parent.parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
+                               capture_output=True, text=True, cwd=DOC.parent.parent).stdout.strip()  # this page aside
     except OSError:
         commit, dirty = "?", ""
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
