@@ -255,7 +255,7 @@ def gen_deep(rng: random.Random) -> Case:
     depth = rng.choice([1, 10, 30, 40, 45, 46, 47, 48, 50, 64, 100, 300])
     if rng.random() < 0.6:
         span = _base_span(rng).SerializeToString() + _ld(9, _ld(1, b"deep") + _ld(2, nested_value(depth, rng.random() < 0.5)))
-        return Case(f"deep-protobuf", "/v1/traces", _wrap_span(span), expect=DECODED)
+        return Case("deep-protobuf", "/v1/traces", _wrap_span(span), expect=DECODED)
     leaf = '{"stringValue": "leaf"}'  # built as text: json.dumps itself stops at Python's recursion limit
     for _ in range(depth):
         leaf = ('{"arrayValue": {"values": [%s]}}' if rng.random() < 0.5

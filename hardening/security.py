@@ -17,10 +17,8 @@ import json
 import os
 import re
 import ssl
-import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
