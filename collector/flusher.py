@@ -134,13 +134,13 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
                 seg.unlink()
                 wal._fsync_dir(directory)
             except Exception as e:  # noqa: BLE001 - the segment stays; retried with backoff
-                stats[FLUSH_STARTED_S] = 0.0
                 backoff = min(30.0, max(0.5, backoff * 2))
                 stats[ERRORS] += 1
                 log.error("flusher: %s failed (%s: %s); kept in the WAL, retrying in %.1fs", seg.name, type(e).__name__, e, backoff)
                 stop.wait(backoff) if not stop.is_set() else time.sleep(min(backoff, 1.0))
                 continue
-            stats[FLUSH_STARTED_S] = 0.0
+            finally:
+                stats[FLUSH_STARTED_S] = 0.0
             backoff = 0.0
             dt = time.perf_counter() - t0
             stats[SPANS] += res.spans

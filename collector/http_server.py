@@ -42,7 +42,7 @@ class Reply:
     body: bytes
     content_type: str
     headers: dict[str, str] = field(default_factory=dict)
-    close: bool = False  # the request body was not read: the connection cannot be reused
+    close: bool = False  # the body was left unread (or the request was broken): hang up after answering
 
 
 def make_post(pipeline: Pipeline, *, token: str, limit: int) -> Callable[..., Reply]:

@@ -149,15 +149,16 @@ class Collector:
                       "(nothing is lost: the WAL keeps the data)", time.time() - started, self.cfg.flush_timeout)
             self._flusher.kill()
             self._flusher.join(10)
-            self._stats[flusher_stats.FLUSH_STARTED_S] = 0.0
-            self.metrics.flusher_restarts.labels("stuck").inc()
-            self._start_flusher()
+            why = "stuck"
         elif not self._flusher.is_alive():
             log.error("flusher exited with code %s; restarting it (nothing is lost: the WAL keeps the data)",
                       self._flusher.exitcode)
-            self._stats[flusher_stats.FLUSH_STARTED_S] = 0.0
-            self.metrics.flusher_restarts.labels("exited").inc()
-            self._start_flusher()
+            why = "exited"
+        else:
+            return
+        self._stats[flusher_stats.FLUSH_STARTED_S] = 0.0
+        self.metrics.flusher_restarts.labels(why).inc()
+        self._start_flusher()
 
     def serve_forever(self) -> int:
         while not self._stop.wait(1.0):
