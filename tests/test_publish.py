@@ -203,3 +203,38 @@ def test_full_weights_reload_in_place_with_dev_mode(tmp_path, serve_factory, too
     assert res.mode == "full" and Path(res.path, "model.safetensors").exists()
     assert _answer(dev.url, "tiny").tool_calls[0].function.name == "calculator"  # the merged weights serve
     assert registry.current(str(ck))["mode"] == "full"
+
+
+def test_publishing_never_loads_in_place_and_moves_the_stable_name_by_unload_and_load(
+        tmp_path, serve_factory, tool_adapter, monkeypatch):
+    """vLLM re-reads an adapter loaded with load_inplace on every step (vllm issue
+    33791): the publish path must never send it, move the stable name by unload +
+    load, reset the prefix cache, and every answer must name the version that
+    produced it."""
+    from nightshift.trainer.vllm_client import VLLMClient
+
+    sent: list[tuple[str, dict | None]] = []
+    real = VLLMClient._call
+
+    def recording(self, method, path, body=None, **kw):
+        sent.append((path, body))
+        return real(self, method, path, body, **kw)
+
+    monkeypatch.setattr(VLLMClient, "_call", recording)
+    s = serve_factory(extra_args=["--max-lora-rank", "64"], env={"VLLM_SERVER_DEV_MODE": "1"}).start()
+    ck = _versions(tmp_path, tool_adapter, 2)
+    kw = dict(name="agent", stable_name="agent-live", adapter_root=str(tmp_path / "adapters"))
+    publish(str(ck / "v0001"), s.url, **kw)
+    r2 = publish(str(ck / "v0002"), s.url, **kw)
+    rollback(str(ck), s.url, **kw)
+    loads = [b for p, b in sent if p == "/v1/load_lora_adapter"]
+    assert loads and all(b["load_inplace"] is False for b in loads)
+    paths = [p for p, _ in sent]
+    # the second publish moved the stable name: unloaded, then loaded, then the cache reset
+    i = next(i for i, (p, b) in enumerate(sent) if p == "/v1/unload_lora_adapter" and b["lora_name"] == "agent-live")
+    assert sent[i + 1][0] == "/v1/load_lora_adapter" and sent[i + 1][1]["lora_name"] == "agent-live"
+    assert "/reset_prefix_cache" in paths[i:]
+    assert r2.stable_gap > 0 and "absent for" in "\n".join(r2.lines())
+    r = OpenAI(base_url=f"{s.url}/v1", api_key="x").chat.completions.create(
+        model="agent-live", messages=Q, tools=CALC_TOOL, max_tokens=8, temperature=0)
+    assert r.model == "agent@v0001"  # after the rollback: the version, not the stable name

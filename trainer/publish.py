@@ -4,7 +4,8 @@ the agents on a running vLLM server, checked before and verified after.
 LoRA (default): the adapter is checked against vLLM's rules and the server's
 base model, placed in a folder of its own per version (vLLM keys its prefix
 cache on name and path, so a path is never reused for other weights), loaded
-as `<name>@<version>` (and, optionally, under a stable name reloaded in place),
+as `<name>@<version>` (and, optionally, under a stable name moved by unload +
+load: never `load_inplace`, which makes vLLM re-read the adapter every step),
 verified with GET /v1/models and one chat completion, then written to the
 registry; versions beyond `keep` are unloaded. Publishing again what is already
 loaded and registered changes nothing, so a run killed half-way can simply be
@@ -55,13 +56,15 @@ class PublishResult:
     already_loaded: bool = False
     unloaded: list[str] = field(default_factory=list)
     rollback_of: str = ""
+    stable_gap: float = 0.0  # seconds the stable name was unloaded while it moved
 
     def lines(self) -> list[str]:
         what = f"rolled back from {self.rollback_of} to" if self.rollback_of else "published"
         out = [f"{what} {self.version} as {self.lora_name!r} on {self.endpoint} ({self.mode}, {self.seconds:.1f} s)",
                f"  adapter path: {self.path}"]
         if self.stable_name:
-            out.append(f"  stable name {self.stable_name!r} now serves {self.version}")
+            gap = f" (absent for {1000 * self.stable_gap:.0f} ms while it moved)" if self.stable_gap else ""
+            out.append(f"  stable name {self.stable_name!r} now serves {self.version}{gap}")
         if self.already_loaded:
             out.append("  (it was already loaded: nothing reloaded)")
         out.append(f"  verified: GET /v1/models lists it; a chat completion answered {self.sample!r}")
@@ -150,9 +153,12 @@ def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: st
         loaded = {m["id"]: m for m in client.models()}
         already = lora_name in loaded and loaded[lora_name].get("root") == path
         if not already:
-            client.load_lora(lora_name, path, load_inplace=lora_name in loaded)
+            _load_fresh(client, lora_name, path, lora_name in loaded)
+        gap = 0.0
         if stable_name and (stable_name not in loaded or loaded[stable_name].get("root") != path):
-            client.load_lora(stable_name, path, load_inplace=True)
+            gap = _load_fresh(client, stable_name, path, stable_name in loaded)
+        if not already or gap:
+            _reset_prefix_cache(client)
         served = {m["id"] for m in client.models()}
         missing = [n for n in (lora_name, stable_name) if n and n not in served]
         if missing:
@@ -166,10 +172,40 @@ def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: st
                                     "rollback_of": rollback_of or None}, storage_options)
         unloaded = _prune(client, name, keep, served - {lora_name})
         return PublishResult(version, lora_name, path, endpoint, "lora", time.perf_counter() - t0, sample,
-                             stable_name, already, unloaded, rollback_of)
+                             stable_name, already, unloaded, rollback_of, gap)
     finally:
         if not is_local(checkpoint):
             shutil.rmtree(local, ignore_errors=True)
+
+
+def _load_fresh(client: VLLMClient, name: str, path: str, loaded: bool) -> float:
+    """Load `name` from `path` as a new adapter, never with `load_inplace: true`
+    (vLLM then re-reads the adapter from disk on every model step: vllm issue
+    33791): a name already loaded is unloaded first. Returns the seconds the name
+    was absent (0 when it was not loaded), the window in which a request for it
+    is answered 404 and an OpenAI client retries."""
+    if not loaded:
+        client.load_lora(name, path, load_inplace=False)
+        return 0.0
+    t = time.perf_counter()
+    try:
+        client.unload_lora(name)
+    except VLLMError as e:
+        if e.status != 404:  # already gone is what we wanted
+            raise
+    client.load_lora(name, path, load_inplace=False)
+    return time.perf_counter() - t
+
+
+def _reset_prefix_cache(client: VLLMClient) -> None:
+    """After adapters change, drop cached prefixes (vllm issue 42125). The route
+    exists only in vLLM's dev mode; without it a freshly loaded adapter has a new
+    id, which its cache keys on, so nothing stale can be served."""
+    try:
+        client.reset_prefix_cache()
+    except VLLMError as e:
+        if e.status != 404:
+            log.warning("POST /reset_prefix_cache failed: %s", e)
 
 
 def _prune(client: VLLMClient, name: str, keep: int, others: set[str]) -> list[str]:

@@ -234,6 +234,20 @@ class Engine:
 
     # --- generation --------------------------------------------------------------------
 
+    def answering_name(self, name: str | None) -> str:
+        """The name a response carries as its `model`: for a stable name (`agent`)
+        the versioned adapter loaded from the same folder (`agent@v0003`), so every
+        logged call says which published version produced it (the trainer's
+        `policy_version`); otherwise the requested name, as vLLM answers."""
+        name = name or self.served_name
+        with self.lock:
+            a = self.adapters.get(name)
+            if a is not None and "@v" not in name:
+                for other in self.adapters.values():
+                    if other.path == a.path and "@v" in other.name:
+                        return other.name
+        return name
+
     def _model_for(self, name: str | None):
         if not name or name == self.served_name:
             return None
@@ -254,7 +268,10 @@ class Engine:
     def decode_steps(self, adapter: str | None, prompt: list[int], max_tokens: int, temperature: float, top_p: float,
                      top_logprobs: int, seed: int | None) -> Iterator[Sample]:
         """Sample token by token with the KV cache: greedy at temperature 0.
-        Logprobs are the raw model's (before temperature), like vLLM's default."""
+        Logprobs are those of the distribution sampled from, log softmax(logits / T)
+        renormalized over the top-p set (vLLM's `--logprobs-mode processed_logprobs`):
+        the trainer's importance ratios need μ's own numbers, and raw (T = 1)
+        logprobs would make every ratio at another temperature wrong."""
         gen = torch.Generator(device="cpu")
         gen.manual_seed(seed if seed is not None else int.from_bytes(uuid.uuid4().bytes[:4], "big"))
         eos = {self.tok.eos_token_id} | set(self.base.generation_config.eos_token_id
@@ -276,8 +293,8 @@ class Engine:
                     out = model(input_ids=cur, past_key_values=past, use_cache=True)
                     past = out.past_key_values
                     logits = out.logits[0, -1].float().cpu()
-                    logp = torch.log_softmax(logits, -1)
                     if temperature <= 0:
+                        logp = torch.log_softmax(logits, -1)
                         tid = int(torch.argmax(logits))
                     else:
                         probs = torch.softmax(logits / temperature, -1)
@@ -285,7 +302,9 @@ class Engine:
                             sp, si = torch.sort(probs, descending=True)
                             keep = torch.cumsum(sp, 0) - sp < top_p
                             probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-                        tid = int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+                        probs = probs / probs.sum()
+                        logp = torch.log(probs)
+                        tid = int(torch.multinomial(probs, 1, generator=gen))
                     top = []
                     if top_logprobs:
                         v, i = torch.topk(logp, top_logprobs)

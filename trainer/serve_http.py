@@ -62,7 +62,7 @@ def _request_fields(engine: Engine, req: dict) -> dict:
         "top_p": float(req["top_p"]) if req.get("top_p") is not None else 1.0,
         "seed": req.get("seed"), "stop": [stop] if isinstance(stop, str) else list(stop),
         "logprobs": bool(req.get("logprobs")), "top": int(top), "ids": bool(req.get("return_token_ids")),
-        "model": req.get("model") or engine.served_name,
+        "model": engine.answering_name(req.get("model")),
     }
 
 
