@@ -65,6 +65,10 @@ SCHEMA = with_metadata(
             pa.field("truncated", pa.bool_()),  # the span says attributes were dropped
             pa.field("weight", pa.float64()),  # 1/calls of its trajectory (or 1): each trajectory counts once
             pa.field("flags", pa.list_(pa.string())),  # why the row is suspect: content_missing, clock_skew, ...
+            # which published version produced the call (`v0003`, from the `name@v0003` the
+            # server answered with); null: the base model or a model never published
+            pa.field("policy_version", pa.string()),
+            pa.field("temperature", pa.float64()),  # the request's sampling temperature, when recorded
             pa.field("schema_version", pa.string()),
         ]
     ),

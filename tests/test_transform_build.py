@@ -526,3 +526,24 @@ def test_build_through_fsspec_object_store(tmp_path):
     s = build(TransformConfig(data=url, settle=0, memory_budget=1000))  # bucketed, rewritten in place
     assert s.buckets > 1 and s.transitions == 6
     assert len(fs.glob(f"{url.removeprefix('memory://')}/transitions/date=*/*.parquet")) == 1
+
+
+def test_each_call_records_the_version_that_produced_it_and_its_temperature(tmp_path):
+    """The trainer recomputes μ with the weights of the version that made each call,
+    at its temperature: the build must carry both (`name@v0002` as the server
+    answered it; the base model's calls carry none)."""
+    t = Trace("pv")
+    root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                  start=0, end=20)
+    a = genai_call("q1", "a1", model="agent")
+    a.update({"gen_ai.response.model": "agent@v0002", "gen_ai.request.temperature": 0.7})
+    b = genai_call("q2", "a2", model="world-policy")
+    b["gen_ai.request.temperature"] = float("nan")  # not a temperature: left null, never NaN
+    c = genai_call("q3", "a3", model="agent@v0011")
+    del c["gen_ai.response.model"]
+    for i, attrs in enumerate((a, b, c)):
+        t.span("chat", attrs, parent=root, start=1 + 2 * i, end=2 + 2 * i)
+    write_spans(str(tmp_path), [t])
+    df, _ = run(tmp_path)
+    assert df["policy_version"].to_list() == ["v0002", None, "v0011"]
+    assert df["temperature"].to_list() == [0.7, None, None]

@@ -436,6 +436,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
                 "trace_id": s["trace_id"], "span_id": s["span_id"], "trajectory_id": trajectory_id,
                 "group_id": group_id, "step": i, "num_steps": len(steps), "agent_name": s["agent_name"],
                 "service_name": s["service_name"], "model": s["model"], "provider": s["provider"],
+                "policy_version": s["policy_version"], "temperature": s["temperature"],
                 "input_messages": s["input_messages"], "output_message": s["output_message"], "tools": s["tools"],
                 "finish_reason": s["finish_reason"], "prompt_token_ids": None,
                 "completion_token_ids": None, "completion_logprobs": s["completion_logprobs"],

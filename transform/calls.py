@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,6 +173,29 @@ def _first(attrs: dict, *keys: str) -> Any:
     return None
 
 
+#: A published version in a served model name: `agent@v0003` (nightshift publish).
+_VERSION_RE = re.compile(r"@(v\d+)$")
+
+
+def policy_version(*models: Any) -> str | None:
+    """Which published version produced a call: the `@vNNNN` of the model name the
+    server answered with (the stand-in answers a stable name with its versioned
+    one), else of the one requested; None when neither names a version (the base
+    model, or a model Nightshift never published)."""
+    for m in models:
+        if isinstance(m, str) and (found := _VERSION_RE.search(m)):
+            return found.group(1)
+    return None
+
+
+def _float(v: Any) -> float | None:
+    try:
+        f = float(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return f if f is not None and math.isfinite(f) and f >= 0 else None
+
+
 def _int(v: Any) -> int | None:
     try:
         return int(v) if v is not None and not isinstance(v, bool) else None
@@ -289,6 +314,9 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         "service_name": row["service_name"],
         "model": _first(attrs, "gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model"),
         "provider": _first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"),
+        "policy_version": policy_version(_first(attrs, "gen_ai.response.model", "llm.response.model"),
+                                         _first(attrs, "gen_ai.request.model", "llm.model_name")),
+        "temperature": _float(_first(attrs, "gen_ai.request.temperature", "llm.request.temperature")),
         "input_messages": call.input_messages if call else [],
         "output_message": call.output_message if call else None,
         "tools": json.dumps(tools, ensure_ascii=False, separators=(",", ":")) if tools else None,
