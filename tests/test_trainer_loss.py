@@ -98,3 +98,53 @@ def test_packed_and_padded_batches_give_the_same_logprobs(tiny_model):
 def test_collate_refuses_an_empty_prompt():
     with pytest.raises(ValueError, match="prompt is empty"):
         collate([{"input_ids": [1, 2], "completion_start": 0, "advantage": 1.0, "weight": 1.0}], 0)
+
+
+def test_topr_positives_have_no_ratio_negatives_a_ratio_truncated_at_one():
+    # μ known for both: ratios e^(logp - old) = e^1 (π above μ) and e^-1 (π below μ).
+    # A positive row gets the plain -A/B whatever the ratio (nothing caps a gain);
+    # a negative row is pushed down by clip(π/μ, 0, 1)·|A|/B: at most 1, less where π < μ.
+    _, g, stats = _grad("topr", [-1.0, -3.0, -1.0, -3.0], [-2.0, -2.0, -2.0, -2.0],
+                        [1.0, 1.0, -1.0, -1.0], [0, 1, 2, 3])
+    assert g == pytest.approx([-0.25, -0.25, 0.25, math.exp(-1) / 4])
+    assert stats["pg/clip_frac"] == pytest.approx(0.25)  # the negative with π > μ, truncated at 1
+
+
+def test_topr_negatives_without_mu_follow_the_setting():
+    # no logged or recomputed μ: negatives are left out (0) or down-weighted, positives untouched
+    _, g, _ = _grad("topr", [-1.0, -1.0], [math.nan, math.nan], [1.0, -1.0], [0, 1])
+    assert g == pytest.approx([-0.5, 0.0])
+    _, g, stats = _grad("topr", [-1.0, -1.0], [math.nan, math.nan], [1.0, -1.0], [0, 1], unknown_mu_negatives=0.3)
+    assert g == pytest.approx([-0.5, 0.15])
+    assert stats["pg/neg_weight_mean"] == pytest.approx(0.3)
+
+
+def test_temperature_logprobs_are_those_of_the_sampled_distribution(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    f = {"input_ids": list(range(10, 22)), "completion_start": 8, "advantage": 1.0, "weight": 1.0}
+    with torch.no_grad():
+        at_half = completion_logprobs(model, collate([f], 0), temperature=0.5)
+        logits = model(torch.tensor([f["input_ids"]])).logits[0].float()
+    ref = [torch.log_softmax(logits[p - 1] / 0.5, -1)[f["input_ids"][p]].item() for p in range(8, 12)]
+    assert at_half.tolist() == pytest.approx(ref, abs=1e-5)
+    assert not torch.allclose(at_half, completion_logprobs(model, collate([f], 0)))
+
+
+def test_awr_weights_are_positive_normalized_monotone_and_capped():
+    from types import SimpleNamespace
+
+    from nightshift.trainer.examples import awr_features
+
+    def ex(a: float):
+        return SimpleNamespace(row={"weight": 1.0, "advantage": a}, r=SimpleNamespace(prompt_ids=[1], completion_ids=[2],
+                                                                                      old_logprobs=None))
+
+    feats = awr_features([ex(a) for a in (-1.0, 0.0, 1.0, 5.0)], beta=0.5, max_weight=3.0)
+    w = [f["advantage"] for f in feats]
+    assert all(x > 0 for x in w) and w[0] < w[1] < w[2]
+    assert w[3] == 3.0  # capped
+    raw = [math.exp(a / 0.5) for a in (-1.0, 0.0, 1.0, 5.0)]
+    assert w[1] / w[0] == pytest.approx(raw[1] / raw[0])
+    assert w[2] == pytest.approx(min(raw[2] / (sum(raw) / 4), 3.0))

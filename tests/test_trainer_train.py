@@ -5,6 +5,7 @@ and every kind of bad data."""
 from __future__ import annotations
 
 import json
+import re
 import math
 from pathlib import Path
 
@@ -136,12 +137,18 @@ def _logged_rows(tok, n: int, logprob: float | None, drift: int = 0, whole: bool
 def test_logged_token_ids_are_compared_and_drift_is_reported(tmp_path, tiny_model):
     _, tok = _load(tiny_model, None)
     write(tmp_path / "data", _logged_rows(tok, 10, -2.0, drift=3) + _pairs(3))
-    res = train(_cfg(tmp_path, tiny_model, eval_fraction=0.0), progress=False)
+    res = train(_cfg(tmp_path, tiny_model, eval_fraction=0.0, served_model_name="tiny"), progress=False)
     assert res.logged["match"] == 7 and res.logged["drift"] == 3 and res.logged["none"] == 6
     assert res.logged["with_logprobs"] == 7
     text = "\n".join(res.lines())
-    assert "7 match this tokenizer (7 with logprobs: importance-weighted against the logged policy), 3 drifted" in text
-    assert res.logged["anchored"] == 9  # the 3 drifted, the 6 without ids: compared with the initial policy
+    assert "7 match this tokenizer (7 with logprobs), 3 drifted" in text
+    # μ: the 7 logged kept; the 3 drifted and the 6 without ids made by the base model
+    # (their model is the base's name), so recomputed with its weights
+    assert (res.logged["mu_logged"], res.logged["mu_recomputed"], res.logged.get("mu_unknown", 0)) == (7, 9, 0)
+    assert "7 logged, 9 recomputed" in text
+    # the logged numbers (-2.0 per token) are not the base model's: the drift says so
+    drift = float(re.search(r"mean \|Δ log μ\| ([0-9.]+) per token over (\d+) tokens", text).group(1))
+    assert drift > 0.1
 
 
 def test_ppo_clip_bounds_the_update(tmp_path, tiny_model):
@@ -323,7 +330,7 @@ def test_settings_from_yaml_and_environment(tmp_path):
     assert cfg.select.models == ["a", "b"]
     cfg.check()
     cfg.algorithm = "grpo"
-    with pytest.raises(SettingsError, match="algorithm must be one of pg, kto, dpo, sft"):
+    with pytest.raises(SettingsError, match="algorithm must be one of pg, awr, sft, kto, dpo"):
         cfg.check()
     cfg.algorithm, cfg.lora.r = "pg", 1024
     with pytest.raises(SettingsError, match="lora.r must be in 1..512"):
@@ -366,3 +373,36 @@ def test_vllm_constraints_on_adapter_config(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps(good))
     save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, str(tmp_path / "adapter_model.safetensors"))
     assert "unexpected tensor names" in ckpt.vllm_problems(tmp_path)[0]
+
+
+def test_mu_is_recomputed_with_the_weights_of_the_version_that_made_each_call(tmp_path, tiny_model):
+    """Night 2 trains on calls of night 1's adapter (`policy_version` v0001) and of the
+    base: each row's μ comes from its own producer; a version missing from disk
+    leaves μ unknown (its negatives dropped by default), said in the summary."""
+    from nightshift.trainer import behaviour
+
+    write(tmp_path / "data", _pairs(4))
+    first = train(_cfg(tmp_path, tiny_model, eval_fraction=0.0, served_model_name="tiny"), progress=False)
+    assert first.version == "v0001"
+    rows = [{**r, "policy_version": "v0001"} for r in _pairs(3)] + [{**r, "policy_version": "v0099"} for r in _pairs(1)]
+    write(tmp_path / "data", _pairs(2) + rows, date="2026-11-21")
+    res = train(_cfg(tmp_path, tiny_model, eval_fraction=0.0, served_model_name="tiny"), progress=False)
+    text = "\n".join(res.lines())
+    assert (res.logged["mu_recomputed"], res.logged["mu_unknown"]) == (8 + 4 + 6, 2), text
+    assert "μ producers: base 12, v0001 6" in text
+    # and the numbers are v0001's own: recomputed here against a direct forward pass of it
+    cfg = _cfg(tmp_path, tiny_model, eval_fraction=0.0, served_model_name="tiny")
+    _, tok = _load(tiny_model, None)
+    from nightshift.trainer.render import render
+
+    r = rows[0]
+    rd = render(tok, r)
+    feat = {"input_ids": rd.prompt_ids + rd.completion_ids, "completion_start": len(rd.prompt_ids), "advantage": 1.0,
+            "weight": 1.0, "old_logprobs": None, "policy_version": "v0001", "temperature": 0.5, "model": "tiny"}
+    behaviour.attach(cfg, [feat], tok, torch.device("cpu"))
+    model, _ = _load(tiny_model, first.path)
+    with torch.no_grad():
+        logits = model(torch.tensor([feat["input_ids"]])).logits[0].float()
+    want = [torch.log_softmax(logits[p - 1] / 0.5, -1)[feat["input_ids"][p]].item()
+            for p in range(feat["completion_start"], len(feat["input_ids"]))]
+    assert feat["old_logprobs"] == pytest.approx(want, abs=1e-4)

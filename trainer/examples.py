@@ -83,10 +83,11 @@ def prepare(cfg: TrainConfig, tokenizer, selection: Selection) -> Prepared:
     return Prepared(train, held, excluded, logged, first_error, note)
 
 
-def pg_features(examples: list[Example], normalize: bool = False) -> list[dict]:
+def pg_features(examples: list[Example], normalize: bool = False, offset: float = 0.0) -> list[dict]:
     """Token features for `PGTrainer`: weights rescaled to mean 1 over the rows (so
     the learning rate means the same whatever the trajectory lengths), advantages
-    optionally to unit standard deviation."""
+    optionally to unit standard deviation, then shifted by `offset` (AsymRE's
+    baseline below the mean). Each carries its row, for μ's recomputation."""
     if not examples:
         return []
     weights = [float(e.row["weight"]) for e in examples]
@@ -101,12 +102,33 @@ def pg_features(examples: list[Example], normalize: bool = False) -> list[dict]:
         {
             "input_ids": e.r.prompt_ids + e.r.completion_ids,
             "completion_start": len(e.r.prompt_ids),
-            "advantage": a * scale if a is not None else None,
+            "advantage": a * scale + offset if a is not None else None,
             "weight": w / mean_w,
             "old_logprobs": e.r.old_logprobs,
+            "policy_version": e.row.get("policy_version"),
+            "temperature": e.row.get("temperature"),
+            "model": e.row.get("model"),
         }
         for e, w, a in zip(examples, weights, advs)
     ]
+
+
+def awr_features(examples: list[Example], beta: float, max_weight: float, offset: float = 0.0) -> list[dict]:
+    """`pg_features` whose `advantage` is AWR's weight exp(A / beta), normalized to
+    mean 1 over the rows (the learning rate means the same whatever the spread of
+    rewards) and capped at `max_weight` (one lucky row cannot dominate)."""
+    import math
+
+    feats = pg_features(examples)
+    if not feats:
+        return feats
+    advs = [f["advantage"] + offset for f in feats]
+    top = max(advs)
+    raw = [math.exp((a - top) / beta) for a in advs]  # shifted: no overflow, same ratios
+    mean = sum(raw) / len(raw)
+    for f, w in zip(feats, raw):
+        f["advantage"] = min(w / mean, max_weight)
+    return feats
 
 
 def _conversational(e: Example, fallback: list[dict] | None = None) -> dict:

@@ -92,6 +92,22 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype | None = None):
         _local(cfg.base_model, "base_model"), dtype=dtype or dtype_of(cfg), attn_implementation=attention_of(cfg))
 
 
+def load_version(cfg: TrainConfig, folder: str | None):
+    """A checkpoint version as a model for scoring (not training): the base with
+    its LoRA adapter, its full weights, or (`folder` None) the base itself."""
+    if not folder:
+        return load_base(cfg)
+    from .checkpoint import read_manifest
+
+    if read_manifest(folder).get("kind") == "full":
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype_of(cfg), attn_implementation=attention_of(cfg))
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(load_base(cfg), folder)
+
+
 def lora_config(cfg: TrainConfig):
     from peft import LoraConfig
 

@@ -1,15 +1,20 @@
-"""`pg`: LightningRL's single-step policy gradient on transitions, as a custom loss
-on transformers' `Trainer` (its loop, optimizer, accumulation, checkpoints,
-resumption, DDP/FSDP under `accelerate launch` or `torchrun`).
+"""`pg`: policy gradient on logged calls, as a custom loss on transformers'
+`Trainer` (its loop, optimizer, accumulation, checkpoints, resumption, DDP/FSDP
+under `accelerate launch` or `torchrun`); `awr` shares it.
 
-Every row is one LLM call with a credit-assigned advantage A. The loss on each
-completion token is the PPO-style surrogate -min(r·A, clip(r, 1-ε, 1+ε)·A), where
-r = π(token) / μ(token) is the importance ratio against the behaviour policy μ
-that produced the logged call. μ is known only where the row carries logprobs
-for exactly our tokens; elsewhere r = 1 (the row is treated as on-policy), and
-the surrogate's gradient is the plain A·∇log π. Token losses are averaged within
-a sequence, then sequences are weighted by the transition's `weight` (1/calls of
-its trajectory) so a long trajectory does not outvote a short one.
+Every row is one LLM call with a credit-assigned advantage A, produced by some
+earlier policy μ (the base model, or an older published adapter). The default
+(`clip: topr`, Tapered Off-Policy REINFORCE, arXiv 2503.14286) is what works on
+such data: positive rows get the plain A·∇log π, with no importance ratio, so
+nothing caps how far a good action may rise; negative rows get the ratio
+truncated to clip(π/μ, 0, 1), so an action the policy already left behind is
+not pushed further down (the push that squeezes mass into malformed output).
+Negatives whose μ is unknown get `unknown_mu_negatives` as their ratio (0: left
+out). `ppo`, `truncate` and `none` are the classic surrogates against μ. Token
+losses are averaged within a sequence, then sequences are weighted by the
+transition's `weight` (1/calls of its trajectory) so a long trajectory does not
+outvote a short one. `awr` (advantage-weighted regression) is the same loop with
+non-negative weights exp(A/β) in place of A and no ratio at all.
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ def pg_loss(
     tok_seq: torch.Tensor,
     seq_weight: torch.Tensor,
     *,
-    clip: str = "ppo",
+    clip: str = "topr",
     epsilon: float = 0.2,
     truncate_max: float = 2.0,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    unknown_mu_negatives: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy-gradient loss of a batch, and what a person watching it wants to see.
 
@@ -54,7 +60,15 @@ def pg_loss(
     old = torch.where(logged, old_logp, logp.detach())
     ratio = torch.exp(logp - old)
     a = adv[tok_seq].to(logp.dtype)
-    if clip == "ppo":
+    if clip == "topr":
+        # positives: ratio 1 (plain A·∇log π); negatives: clip(π/μ, 0, 1) as a fixed
+        # weight where μ is known, `unknown_mu_negatives` where it is not
+        neg = a < 0
+        w = torch.where(logged, ratio.detach().clamp(max=1.0), torch.full_like(ratio, unknown_mu_negatives))
+        w = torch.where(neg, w, torch.ones_like(w))
+        obj = w * logp * a
+        clip_frac = (neg & logged & (ratio.detach() > 1.0)).float()
+    elif clip == "ppo":
         clipped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
         obj = torch.minimum(ratio * a, clipped * a)
         clip_frac = ((ratio * a) > (clipped * a)).float()
@@ -85,15 +99,20 @@ def pg_loss(
             "pg/logp_mean": logp.mean().item() if logp.numel() else 0.0,
             "pg/adv_mean": adv.float().mean().item(),
         }
+        if clip == "topr":
+            stats["pg/neg_weight_mean"] = w[a < 0].mean().item() if bool((a < 0).any()) else 1.0
         if kl is not None:
             stats["pg/kl"] = kl.mean().item()
     return loss, stats
 
 
-def completion_logprobs(model, batch: dict[str, torch.Tensor], *, with_logits: bool = False):
+def completion_logprobs(model, batch: dict[str, torch.Tensor], *, with_logits: bool = False,
+                        temperature: float = 1.0):
     """log π of every completion token in the batch, [K], computing the LM head only
     at the positions that predict them (prompts in agent traces are long; their
-    logits are never needed). With `with_logits`, also the raw logits [K, V]."""
+    logits are never needed). `temperature`: the distribution a server sampled
+    from, log softmax(logits / T) (μ of a call made at T). With `with_logits`,
+    also the raw logits [K, V]."""
     out = model(
         input_ids=batch["input_ids"],
         attention_mask=batch.get("attention_mask"),
@@ -106,6 +125,8 @@ def completion_logprobs(model, batch: dict[str, torch.Tensor], *, with_logits: b
     parts = []
     for i in range(0, logits.shape[0], LOGPROB_CHUNK):
         chunk = logits[i : i + LOGPROB_CHUNK].float()
+        if temperature != 1.0:
+            chunk = chunk / temperature
         tgt = targets[i : i + LOGPROB_CHUNK]
         parts.append(chunk.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
     logp = torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
@@ -185,21 +206,25 @@ class PGCollator:
 
 
 class PGTrainer(Trainer):
-    """transformers' Trainer with the policy-gradient loss; everything else (loop,
+    """transformers' Trainer with the policy-gradient (or AWR) loss; everything else (loop,
     optimizer, schedule, accumulation, logging, checkpoints) is the Trainer's."""
 
-    def __init__(self, *args, pg: PGSettings, **kwargs):
+    def __init__(self, *args, pg: PGSettings, awr: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pg = pg
+        self.pg, self.awr = pg, awr
         self.model_accepts_loss_kwargs = False  # scale by accumulation steps, not token counts
         self._stats: dict[str, list[float]] = defaultdict(list)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         logp = completion_logprobs(model, inputs)
+        old = inputs["old_logprobs"]
+        if self.awr:  # weights already in `advantage`, no ratio: weighted log-likelihood
+            old = torch.full_like(old, math.nan)
         loss, stats = pg_loss(
-            logp, inputs["old_logprobs"], inputs["advantage"], inputs["tok_seq"], inputs["weight"],
-            clip=self.pg.clip, epsilon=self.pg.epsilon, truncate_max=self.pg.truncate_max,
+            logp, old, inputs["advantage"], inputs["tok_seq"], inputs["weight"],
+            clip="none" if self.awr else self.pg.clip, epsilon=self.pg.epsilon, truncate_max=self.pg.truncate_max,
             ref_logp=inputs.get("ref_logprobs"), kl_coef=self.pg.kl_coef,
+            unknown_mu_negatives=self.pg.unknown_mu_negatives,
         )
         if model.training:
             for k, v in stats.items():

@@ -59,15 +59,15 @@ class TrainResult:
         for reason, n in sorted(self.excluded.items(), key=lambda kv: -kv[1]):
             out.append(f"  left out: {n:,} {reason}")
         lg = self.logged
-        rest = ("the ratio taken against the initial policy (PPO's old policy)" if lg.get("anchored")
-                else "ratio 1")
         if lg.get("match") or lg.get("drift"):
             out.append(f"  logged token ids: {lg.get('match', 0):,} match this tokenizer "
-                       f"({lg.get('with_logprobs', 0):,} with logprobs: importance-weighted against the logged policy), "
-                       f"{lg.get('drift', 0):,} drifted (retokenized), {lg.get('none', 0):,} without ids; for rows "
-                       f"without usable logprobs, {rest}")
-        elif self.algorithm == "pg":
-            out.append(f"  no logged token ids or logprobs: {rest} for all {lg.get('none', 0):,} rows")
+                       f"({lg.get('with_logprobs', 0):,} with logprobs), {lg.get('drift', 0):,} drifted (retokenized), "
+                       f"{lg.get('none', 0):,} without ids")
+        if any(k.startswith("mu_") for k in lg):
+            out.append(f"  μ (the policy that made each call): {lg.get('mu_logged', 0):,} logged, "
+                       f"{lg.get('mu_recomputed', 0):,} recomputed from the producing version's weights at the "
+                       f"request's temperature, {lg.get('mu_unknown', 0):,} unknown (their negatives weighted "
+                       "by pg.unknown_mu_negatives)")
         if lg.get("tool calls without tool definitions"):
             out.append(f"  warning: {lg['tool calls without tool definitions']:,} row(s) use tools but their spans did not "
                        "record the tool definitions (opentelemetry-instrumentation-openai-v2 does not): their prompts "
@@ -186,9 +186,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
 
     # 2. the algorithm's examples ---------------------------------------------------------
     eval_features = ex.pg_features(prepared.eval)
+    left: Counter = Counter()
     if cfg.algorithm == "pg":
-        rows = ex.pg_features(train_ex, cfg.pg.normalize_advantages)
-        left: Counter = Counter()
+        rows = ex.pg_features(train_ex, cfg.pg.normalize_advantages, cfg.pg.baseline_offset)
+    elif cfg.algorithm == "awr":
+        rows = ex.awr_features(train_ex, cfg.awr.beta, cfg.awr.max_weight)
     else:
         shape = {"sft": ex.sft_examples, "kto": ex.kto_examples, "dpo": ex.dpo_examples}[cfg.algorithm]
         rows, left = shape(cfg, train_ex)
@@ -210,12 +212,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         eval_before = _evaluate(cfg, policy, eval_features, tok, ref_fn)
         if cfg.algorithm == "pg" and cfg.pg.kl_coef > 0:
             _attach_logprobs(cfg, rows, tok, lambda b: ref_fn(b)[0], policy, "ref_logprobs")
-    anchored = 0
-    if cfg.algorithm == "pg" and cfg.pg.anchor == "init":
-        from .pg import completion_logprobs
+    mu = None
+    if cfg.algorithm == "pg" and cfg.pg.clip != "none":
+        from . import behaviour
 
-        anchored = _attach_logprobs(cfg, rows, tok, lambda b: completion_logprobs(policy, b), policy, "old_logprobs")
-        prepared.logged["anchored"] = anchored
+        mu = behaviour.attach(cfg, rows, tok, next(policy.parameters()).device)
+        for k, n in mu.counts.items():
+            prepared.logged[f"mu_{k}"] = n
 
     # 4. train --------------------------------------------------------------------------
     run_key = _run_key(cfg, selection.content_hash())
@@ -283,6 +286,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         shutil.rmtree(run_dir, ignore_errors=True)  # done: nothing left to resume
     trainer.accelerator.wait_for_everyone()
     notes = [prepared.split_note] if prepared.split_note else []
+    if mu is not None and mu.versions:
+        notes.append("μ producers: " + ", ".join(f"{v} {n:,}" for v, n in sorted(mu.versions.items())))
+    if mu is not None and mu.drift is not None:
+        notes.append(f"logged vs recomputed μ: mean |Δ log μ| {mu.drift:.4f} per token over {mu.drift_tokens:,} tokens")
     if prepared.first_error:
         notes.append(f"first chat template error: {prepared.first_error}")
     log.info("train: %s in %.1f s", version, time.time() - t_start)
@@ -306,12 +313,8 @@ def _evaluate(cfg: TrainConfig, policy, features: list[dict], tok, ref_fn) -> di
 
 
 def _attach_logprobs(cfg: TrainConfig, rows: list[dict], tok, fn, policy, key: str) -> int:
-    """Log-probs of every training token under a fixed policy, computed once before
-    training: the reference's for the KL penalty (`ref_logprobs`), or the initial
-    policy's as PPO's old policy where a row has no logged ones (`old_logprobs`,
-    NaN entries filled; logged values are kept). Returns how many rows it touched."""
-    import math
-
+    """Log-probs of every training token under a fixed policy (the reference's, for
+    the KL penalty), computed once before training. Returns the rows touched."""
     import torch
 
     from .model import packed
@@ -320,7 +323,6 @@ def _attach_logprobs(cfg: TrainConfig, rows: list[dict], tok, fn, policy, key: s
     device = next(policy.parameters()).device
     was_training = policy.training
     policy.eval()
-    touched = 0
     with torch.no_grad():
         for i in range(0, len(rows), cfg.eval_batch_size):
             chunk = rows[i : i + cfg.eval_batch_size]
@@ -328,18 +330,9 @@ def _attach_logprobs(cfg: TrainConfig, rows: list[dict], tok, fn, policy, key: s
             seq = batch["tok_seq"].tolist()
             values = fn(batch).float().cpu().tolist()
             for j, f in enumerate(chunk):
-                mine = [v for v, s in zip(values, seq) if s == j]
-                if key == "old_logprobs":
-                    old = f.get("old_logprobs")
-                    if old is not None and not any(math.isnan(x) for x in old):
-                        continue  # fully logged: the behaviour policy's own numbers
-                    f[key] = [o if old is not None and not math.isnan(o) else m for o, m in zip(old or mine, mine)]
-                    touched += old is None  # rows with no logged logprobs (a template tail does not count)
-                else:
-                    f[key] = mine
-                    touched += 1
+                f[key] = [v for v, s in zip(values, seq) if s == j]
     policy.train(was_training)
-    return touched
+    return len(rows)
 
 
 def _save_model(cfg: TrainConfig, trainer, tok, staged: Path) -> str:

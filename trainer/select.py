@@ -38,12 +38,14 @@ OPTIONAL = {
     "prompt_token_ids": pl.List(pl.Int32),
     "completion_token_ids": pl.List(pl.Int32),
     "completion_logprobs": pl.List(pl.Float32),
+    "policy_version": pl.Utf8,
+    "temperature": pl.Float64,
 }
 
 
 #: Columns besides id, reward and advantage that make a row's content.
 HASHED = ("weight", "input_messages", "output_message", "tools", "prompt_token_ids", "completion_token_ids",
-          "completion_logprobs")
+          "completion_logprobs", "policy_version", "temperature")
 
 
 @dataclass
@@ -94,7 +96,7 @@ def scan(cfg: TrainConfig) -> pl.LazyFrame:
     dataset = pads.dataset(files, filesystem=fs, format="parquet")
     names = set(dataset.schema.names)
     missing = [c for c in REQUIRED if c not in names]
-    if cfg.algorithm == "pg" and "advantage" not in names:
+    if cfg.algorithm in ("pg", "awr") and "advantage" not in names:
         missing.append("advantage")
     if missing:
         raise TrainDataError(
@@ -144,11 +146,11 @@ def _unusable(r: dict, cfg: TrainConfig) -> str:
     """Why a row cannot be trained on, or "" when it can."""
     reward = r["reward"]
     if reward is None:
-        if cfg.select.require_reward or cfg.algorithm != "pg":
+        if cfg.select.require_reward or cfg.algorithm not in ("pg", "awr"):
             return "no reward"
     elif not math.isfinite(reward):
         return "reward not finite (NaN or infinite)"
-    if cfg.algorithm == "pg":
+    if cfg.algorithm in ("pg", "awr"):
         adv = r["advantage"]
         if adv is None:
             return "no advantage (a call the credit strategy left uncredited)"

@@ -1,5 +1,6 @@
 """One trainer per algorithm, each a TRL/transformers trainer with its config:
-`pg` is `PGTrainer` (transformers' Trainer with the policy-gradient loss),
+`pg` and `awr` are `PGTrainer` (transformers' Trainer with the policy-gradient
+or advantage-weighted loss),
 `sft`/`kto`/`dpo` are TRL's. They share the settings that make a run fast on a
 GPU and deterministic on a CPU, checkpoints to resume from, and TensorBoard.
 """
@@ -72,7 +73,7 @@ def _callbacks(cfg: TrainConfig, tb_dir: Path) -> list:
 def make_trainer(cfg: TrainConfig, model, tok, rows: list[dict], out_dir: Path, tb_dir: Path, progress: bool = True):
     args = common_args(cfg, out_dir, progress)
     callbacks = _callbacks(cfg, tb_dir)
-    if cfg.algorithm == "pg":
+    if cfg.algorithm in ("pg", "awr"):
         from transformers import TrainingArguments
 
         from .pg import PGCollator, PGTrainer
@@ -81,7 +82,8 @@ def make_trainer(cfg: TrainConfig, model, tok, rows: list[dict], out_dir: Path, 
             args["train_sampling_strategy"] = "group_by_length"  # little padding without packing
         return PGTrainer(model=model, args=TrainingArguments(**args, remove_unused_columns=False),
                          train_dataset=_Rows(rows), data_collator=PGCollator(tok.pad_token_id, packed(cfg)),
-                         processing_class=tok, callbacks=callbacks, pg=cfg.pg)
+                         processing_class=tok, callbacks=callbacks, pg=cfg.pg,
+                         awr=cfg.algorithm == "awr")
     from datasets import Dataset
 
     if cfg.algorithm == "sft":

@@ -1,0 +1,95 @@
+"""μ for every row: the token log-probs of the policy that really produced each
+logged call, which `pg`'s importance ratios need.
+
+Instrumentations rarely log logprobs, but every call says which policy made it
+(`policy_version`: a published version, or none for the base model) and at which
+temperature. So μ is recomputed with that version's own weights, at that
+temperature (log softmax(logits / T): the distribution sampled from, not the
+T = 1 one). Where a row did log logprobs for exactly our tokens they are kept,
+and compared with the recomputed ones: the drift printed says whether the
+logged numbers and the checkpoints agree (a different engine, precision or
+temperature shows up there). Rows whose producer cannot be found (a model never
+published here, a version deleted from disk) keep μ unknown, and `pg` treats
+their negatives by `pg.unknown_mu_negatives`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import TrainConfig
+
+BASE = "base"
+
+
+@dataclass
+class MuReport:
+    counts: Counter = field(default_factory=Counter)  # logged | recomputed | unknown, per row
+    drift: float | None = None  # mean |logged - recomputed| per token, where both exist
+    drift_tokens: int = 0
+    versions: Counter = field(default_factory=Counter)  # which producer, per row
+
+
+def producer(cfg: TrainConfig, feature: dict) -> str | None:
+    """The folder (or BASE) of the policy that made a call, or None when unknown."""
+    version = feature.get("policy_version")
+    if version:
+        folder = Path(cfg.output.removeprefix("file://")) / version
+        return str(folder) if (folder / "manifest.json").is_file() else None
+    model = feature.get("model")
+    base_names = {cfg.served_name(), cfg.base_model, Path(cfg.base_model).name}
+    return BASE if model is None or model in base_names else None
+
+
+def attach(cfg: TrainConfig, features: list[dict], tok, device) -> MuReport:
+    """Fill each feature's `old_logprobs` (NaN entries) with μ recomputed from its
+    producer; fully logged rows are kept and cross-checked."""
+    import torch
+
+    from .model import load_version, packed
+    from .pg import collate, completion_logprobs
+
+    report = MuReport()
+    work: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    for f in features:
+        old = f.get("old_logprobs")
+        logged = old is not None and not all(math.isnan(x) for x in old)  # a template tail may be unlogged
+        src = producer(cfg, f) if cfg.pg.mu == "auto" else None
+        report.counts["logged" if logged else "recomputed" if src else "unknown"] += 1
+        if src:
+            report.versions[Path(src).name if src != BASE else BASE] += 1
+            t = f.get("temperature")
+            work[(src, 1.0 if t is None else float(t))].append(f)
+    abs_sum, n_tok = 0.0, 0
+    for src in sorted({s for s, _ in work}):
+        model = load_version(cfg, None if src == BASE else src).to(device).eval()
+        with torch.no_grad():
+            for (s, temp), fs in work.items():
+                if s != src:
+                    continue
+                for i in range(0, len(fs), cfg.eval_batch_size):
+                    chunk = fs[i : i + cfg.eval_batch_size]
+                    batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, packed(cfg)).items()}
+                    if temp <= 0:  # greedy: μ is a point mass on what was chosen
+                        values = [0.0] * batch["targets"].numel()
+                    else:
+                        values = completion_logprobs(model, batch, temperature=temp).float().cpu().tolist()
+                    seq = batch["tok_seq"].tolist()
+                    for j, f in enumerate(chunk):
+                        mine = [v for v, q in zip(values, seq) if q == j]
+                        old = f.get("old_logprobs")
+                        if old is None:
+                            f["old_logprobs"] = mine
+                            continue
+                        for o, m in zip(old, mine):
+                            if not math.isnan(o):
+                                abs_sum += abs(o - m)
+                                n_tok += 1
+                        f["old_logprobs"] = [m if math.isnan(o) else o for o, m in zip(old, mine)]
+        del model
+    if n_tok:
+        report.drift, report.drift_tokens = abs_sum / n_tok, n_tok
+    return report
