@@ -251,3 +251,18 @@ def tool_adapter(tmp_path_factory, tiny_model) -> Path:
                      max_steps=60, batch_size=4, learning_rate=5e-3, warmup=0.1, eval_fraction=0.0, tensorboard=False,
                      served_model_name="tiny", lora={"r": 64, "alpha": 128}), "fixture")
     return Path(train(cfg, progress=False).path)
+
+
+@pytest.fixture(scope="session")
+def world_policy() -> Path:
+    """The agent world's behaviour policy (examples/agent_world), built once (about
+    two minutes) and kept in the user cache so later runs reuse it."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "agent_world"))
+    import policy
+
+    spec = policy.PolicySpec()
+    root = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
+    return policy.build(root / f"policy-{spec.key()}", spec, progress=False)

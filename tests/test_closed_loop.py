@@ -22,17 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "agent_world"))
 
 
-@pytest.fixture(scope="session")
-def world_policy() -> Path:
-    """The demo's behaviour policy, built once (about two minutes) and kept in the
-    user cache so later runs reuse it."""
-    import policy
-
-    spec = policy.PolicySpec()
-    root = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
-    return policy.build(root / f"policy-{spec.key()}", spec, progress=False)
-
-
 @pytest.mark.slow
 def test_the_agent_gets_better_after_one_nightly_cycle(tmp_path, world_policy):
     python = envs.ensure("otel_v2_4")  # the same pins as examples/agent_world/requirements.txt

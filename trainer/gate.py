@@ -1,18 +1,43 @@
-"""The eval gate: is the new checkpoint not worse than the one serving? Both are
-scored on the same held-out transitions (trajectories split off by a stable hash,
-so neither trained on them), then the user's own evaluation command runs if one
-is configured. Every decision is appended, with its numbers, to
-`<checkpoints>/gate-log.jsonl`.
+"""The eval gate: may the new checkpoint replace the one serving?
+
+A gate scored by the training objective passes its own candidate (a `pg` run
+always raises the advantage-weighted likelihood it maximized, whether the agent
+got better or not). So the gate asks two questions the loss never optimized,
+on held-out trajectories (split off by a stable hash: neither model trained on
+them), both models side by side:
+
+- ranking: over pairs of held-out calls in the same or a similar state (the
+  same agent, the same turn structure) where one was rewarded more than the
+  other, how often did the candidate raise the better action's likelihood more
+  than the worse one's, relative to the serving model (log π_cand − log π_pub:
+  DPO's implicit reward)? The serving model scores 50 % by construction; the
+  candidate may not score below it by more than `ranking_margin`. Comparing
+  likelihood *changes* rather than raw likelihoods matters: across two
+  different states a raw likelihood says how typical a completion is, not how
+  good (a candidate trained on inverted rewards ranked raw pairs better than
+  the base on the agent world, while its changes ranked them worse).
+- generation: sample each model on the same `samples` held-out prompts with
+  their tools (same seeds); the share of outputs that are a valid tool call
+  (JSON that parses, a tool that was offered, its required arguments present)
+  or clean text may not fall by more than `validity_margin`. This catches a
+  policy whose format broke, which likelihoods alone can miss.
+
+The held-out NLL of rewarded calls is reported, not decisive. Then the user's
+own evaluation command runs if one is configured, and must pass too. Every
+decision is appended, with its numbers, to `<checkpoints>/gate-log.jsonl`.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
+import hashlib
 import json
 import logging
+import math
 import os
 import subprocess
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,27 +45,31 @@ from .config import TrainConfig
 
 log = logging.getLogger("nightshift.gate")
 
-#: metric -> True when higher is better
-METRICS = {"adv_weighted_logp": True, "nll": False}
+#: The headline figure of a decision (the report plots it).
+METRIC = "ranking_accuracy"
 
 
 @dataclass
 class GateSettings:
-    """`metric`: adv_weighted_logp (advantage-weighted log-likelihood of the held-out
-    calls: up means the policy prefers what was rewarded) or nll (lower is
-    better). `margin`: how much worse the candidate may be and still pass.
-    `command`: your evaluation, run through the shell with NIGHTSHIFT_CANDIDATE,
-    NIGHTSHIFT_PUBLISHED (empty for the base) and NIGHTSHIFT_BASE_MODEL set; exit 0
-    passes, anything else blocks; a JSON object on its last stdout line is kept.
-    `min_rows`: fewer held-out rows than this and the offline comparison is
-    skipped (said in the decision), the command still runs."""
+    """`ranking_margin`: how much lower the candidate's held-out ranking accuracy
+    may be than the serving model's. `min_pairs`: fewer rewarded-vs-failed pairs
+    than this and ranking is reported but not decisive. `samples`: held-out
+    prompts sampled per model for the generation check (0 turns it off);
+    `max_tokens` per sample; `validity_margin`: how much the share of valid
+    outputs may fall. `command`: your evaluation, run through the shell with
+    NIGHTSHIFT_CANDIDATE, NIGHTSHIFT_PUBLISHED (empty for the base) and
+    NIGHTSHIFT_BASE_MODEL set; exit 0 passes, anything else blocks; a JSON object
+    on its last stdout line is kept."""
 
     enabled: bool = True
-    metric: str = "adv_weighted_logp"
-    margin: float = 0.0
+    ranking_margin: float = 0.02
+    min_pairs: int = 20
+    max_pairs: int = 5000
+    samples: int = 64
+    max_tokens: int = 96
+    validity_margin: float = 0.1
     command: str = ""
     timeout: float = 3600.0
-    min_rows: int = 1
 
 
 @dataclass
@@ -49,46 +78,151 @@ class GateDecision:
     reason: str
     candidate: str
     published: str | None
-    metric: str
-    margin: float
+    metric: str = METRIC
     candidate_metrics: dict = field(default_factory=dict)
     published_metrics: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)  # signal -> {"decisive", "passed", "detail"}
     command: dict | None = None
     time: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
 
     def lines(self) -> list[str]:
-        head = "gate: PASSED" if self.passed else "gate: BLOCKED"
-        out = [f"{head}: {self.reason}"]
-        m = self.metric
-        if self.candidate_metrics:
-            c, p = self.candidate_metrics.get(m), self.published_metrics.get(m)
-            out.append(f"  {m}: candidate {c:.4f} vs {'published ' + str(self.published) if self.published else 'base'} "
-                       f"{p:.4f} (margin {self.margin}) on {self.candidate_metrics.get('rows', 0)} held-out rows"
-                       if c is not None and p is not None else f"  {m}: not available")
+        out = [f"gate: {'PASSED' if self.passed else 'BLOCKED'}: {self.reason}"]
+        vs = f"published {Path(self.published).name}" if self.published else "the base model"
+        for name, c in self.checks.items():
+            verdict = ("ok" if c["passed"] else "FAILED") if c["decisive"] else "reported"
+            out.append(f"  {name} [{verdict}]: {c['detail']} (candidate vs {vs})")
         if self.command:
             out.append(f"  command exit {self.command.get('exit')}: {self.command.get('summary', '')}")
         return out
 
 
-def _score(cfg: TrainConfig, adapter: str | None, features: list[dict], tok, kind: str) -> dict:
-    from .evaluate import evaluate
-    from .model import load_base, on_gpu, packed
+# --- held-out data ----------------------------------------------------------------------
 
-    if adapter and kind == "full":
-        from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(adapter)
-    else:
-        model = load_base(cfg)
-        if adapter:
-            from peft import PeftModel
+def state_key(row: dict) -> tuple:
+    """Calls in 'the same or a similar state': the same agent at the same point of
+    the same kind of conversation (roles in order, tools already called)."""
+    shape = tuple((m.get("role"), tuple(tc.get("name") for tc in m.get("tool_calls") or []))
+                  for m in row.get("input_messages") or [])
+    return (row.get("agent_name") or "", shape)
 
-            model = PeftModel.from_pretrained(model, adapter)
+
+def well_formed(row: dict, fallback: list[dict] | None = None) -> bool:
+    """Whether a logged action is a choice at all: tool calls of offered tools, or
+    text with no broken tool-call markup. Malformed actions are the generation
+    check's business; left in the ranking they swamp it (a candidate that got
+    sharper on any well-formed output ranks every garbage row down)."""
+    from .render import tools_of
+
+    out = row.get("output_message") or {}
+    calls = out.get("tool_calls") or []
+    if calls:
+        offered = {(t.get("function") or t).get("name") for t in tools_of(row) or fallback or []}
+        return all(c.get("name") in offered for c in calls)
+    text = out.get("content") or ""
+    return bool(text.strip()) and "tool_call>" not in text
+
+
+def ranking_pairs(examples: list, max_pairs: int, fallback: list[dict] | None = None) -> list[tuple[int, int]]:
+    """(better, worse) index pairs of well-formed actions within a state key,
+    rewards differing; a deterministic sample of at most `max_pairs`."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, e in enumerate(examples):
+        if e.row.get("reward") is not None and math.isfinite(e.row["reward"]) and well_formed(e.row, fallback):
+            groups[state_key(e.row)].append(i)
+    pairs = [(a, b) if examples[a].row["reward"] > examples[b].row["reward"] else (b, a)
+             for idx in groups.values() for k, a in enumerate(idx) for b in idx[k + 1:]
+             if examples[a].row["reward"] != examples[b].row["reward"]]
+    if len(pairs) > max_pairs:
+        key = lambda p: hashlib.blake2b(f"{p[0]}:{p[1]}".encode(), digest_size=8).digest()  # noqa: E731
+        pairs = sorted(pairs, key=key)[:max_pairs]
+    return pairs
+
+
+# --- scoring one model --------------------------------------------------------------------
+
+
+def _mean_logps(model, features: list[dict], tok, cfg: TrainConfig) -> list[float]:
+    import torch
+
+    from .model import packed
+    from .pg import collate, completion_logprobs
+
+    device = next(model.parameters()).device
+    out: list[float] = []
+    with torch.no_grad():
+        for i in range(0, len(features), cfg.eval_batch_size):
+            chunk = features[i : i + cfg.eval_batch_size]
+            batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, packed(cfg)).items()}
+            logp = completion_logprobs(model, batch).float()
+            seq = batch["tok_seq"]
+            n = torch.zeros(len(chunk), device=device).index_add(0, seq, torch.ones_like(logp))
+            out += (torch.zeros(len(chunk), device=device).index_add(0, seq, logp) / n.clamp(min=1)).tolist()
+    return out
+
+
+def valid_output(text: str, tools: list[dict] | None) -> bool:
+    """A valid tool call (every `<tool_call>` block JSON with an offered tool's name
+    and its required arguments) or clean text (non-empty, no tool-call markup)."""
+    from .serve_engine import parse_tool_calls
+
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return bool(text.strip()) and "<tool_call>" not in text and "</tool_call>" not in text
+    if text.count("<tool_call>") != len(calls) or (content and "<tool_call>" in content):
+        return False  # a block that did not parse
+    offered = {(t.get("function") or t).get("name"): (t.get("function") or t) for t in tools or []}
+    for c in calls:
+        spec = offered.get(c["function"]["name"])
+        if spec is None:
+            return False
+        try:
+            args = json.loads(c["function"]["arguments"] or "{}")
+        except json.JSONDecodeError:
+            return False
+        required = (spec.get("parameters") or {}).get("required") or []
+        if not isinstance(args, dict) or any(r not in args for r in required):
+            return False
+    return True
+
+
+def _generate(model, tok, prompts: list[tuple[list[int], float]], max_tokens: int) -> list[tuple[str, bool]]:
+    """Each prompt sampled once at its temperature with a seed of its own (the same
+    for every model: common random numbers make the comparison tight); returns
+    (text without the end token, ended by itself)."""
+    import torch
+
+    device = next(model.parameters()).device
+    eos = tok.eos_token_id
+    out = []
+    with torch.no_grad():
+        for i, (ids, temp) in enumerate(prompts):
+            torch.manual_seed(1_000_003 + i)
+            kw = dict(do_sample=True, temperature=temp, top_p=1.0, top_k=0) if temp > 0 else dict(do_sample=False)
+            gen = model.generate(input_ids=torch.tensor([ids], device=device), max_new_tokens=max_tokens,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=eos, **kw)[0, len(ids):].tolist()
+            ended = bool(gen) and gen[-1] == eos
+            out.append((tok.decode(gen[:-1] if ended else gen, skip_special_tokens=False), ended))
+    return out
+
+
+def _score(cfg: TrainConfig, folder: str | None, tok, features: list[dict], prompts, tools, settings) -> dict:
+    from .model import load_version, on_gpu
+
+    model = load_version(cfg, folder)
     if on_gpu():
         model.to("cuda")
-    out = evaluate(model, features, tok.pad_token_id, cfg.eval_batch_size, packed(cfg))
+    model.eval()
+    out: dict = {"mean_logp": _mean_logps(model, features, tok, cfg)}
+    if prompts:
+        samples = _generate(model, tok, prompts, settings.max_tokens)
+        out["valid"] = [ended and valid_output(text, t) for (text, ended), t in zip(samples, tools)]
+        out["first_sample"] = samples[0][0][:200]
     del model
     return out
+
+
+# --- the decision -------------------------------------------------------------------------
 
 
 def _command(settings: GateSettings, candidate: str, published: str | None, base: str) -> dict:
@@ -109,47 +243,49 @@ def _command(settings: GateSettings, candidate: str, published: str | None, base
     return result
 
 
+def _held_out(cfg: TrainConfig):
+    """The held-out examples of the candidate's own window and split."""
+    from .examples import load_fallback_tools, prepare
+    from .model import load_tokenizer
+    from .select import select
+
+    tok = load_tokenizer(cfg)
+    return tok, prepare(cfg, tok, select(cfg)).eval, load_fallback_tools(cfg)
+
+
 def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings: GateSettings,
          log_dir: str | None = None) -> GateDecision:
     """Decide whether `candidate` (a local version folder) may replace `published`
     (a version folder, or None: the base model is serving)."""
     from .checkpoint import read_manifest
-    from .examples import pg_features, prepare
-    from .model import load_tokenizer
-    from .select import TrainDataError, select
+    from .examples import pg_features
+    from .render import tools_of
+    from .select import TrainDataError
 
-    if settings.metric not in METRICS:
-        raise ValueError(f"gate.metric must be one of {', '.join(METRICS)}, got {settings.metric!r}")
     man = read_manifest(candidate)
     cfg = copy.deepcopy(train_cfg)
     cfg.base_model = man.get("base_model") or cfg.base_model
     ds = man.get("dataset", {})
     cfg.select.since, cfg.select.until = ds.get("since") or "", ds.get("until") or ""
     cfg.eval_fraction = man.get("config", {}).get("eval_fraction", cfg.eval_fraction)
-    decision = GateDecision(True, "", candidate, published, settings.metric, settings.margin)
+    cfg.algorithm = "sft"  # every rated row, whatever the candidate was trained with
+    decision = GateDecision(True, "", candidate, published)
     try:
-        sel = select(cfg)
-        tok = load_tokenizer(cfg)
-        feats = pg_features(prepare(cfg, tok, sel).eval)
+        tok, held, fallback = _held_out(cfg)
     except TrainDataError as e:
-        feats, decision.reason = [], f"no held-out transitions ({e})"
-    higher = METRICS[settings.metric]
-    if len(feats) >= max(settings.min_rows, 1):
-        pub_kind = read_manifest(published).get("kind", "lora") if published else "lora"
-        decision.candidate_metrics = _score(cfg, candidate, feats, tok, man.get("kind", "lora"))
-        decision.published_metrics = _score(cfg, published, feats, tok, pub_kind)
-        c = decision.candidate_metrics.get(settings.metric)
-        p = decision.published_metrics.get(settings.metric)
-        if c is None or p is None:
-            decision.reason = f"{settings.metric} not available on the held-out rows (no advantages): not compared"
-        else:
-            delta = (c - p) if higher else (p - c)
-            decision.passed = delta >= -settings.margin
-            better = "better" if delta > 0 else ("no worse" if delta == 0 else "worse")
-            decision.reason = (f"{settings.metric} {better} by {abs(delta):.4f} "
-                               f"({'within' if decision.passed else 'beyond'} the margin {settings.margin})")
-    elif not decision.reason:
-        decision.reason = f"{len(feats)} held-out row(s), fewer than gate.min_rows={settings.min_rows}: not compared"
+        tok, held, fallback = None, [], None
+        decision.reason = f"no held-out transitions ({e})"
+    if held:
+        order = sorted(range(len(held)), key=lambda i: hashlib.blake2b(
+            held[i].row["transition_id"].encode(), digest_size=8).digest())
+        chosen = order[: settings.samples]
+        temps = [held[i].row.get("temperature") for i in chosen]
+        prompts = [(held[i].r.prompt_ids, 1.0 if t is None else float(t)) for i, t in zip(chosen, temps)]
+        tools = [tools_of(held[i].row) or fallback for i in chosen]
+        feats = pg_features(held)
+        c = _score(cfg, candidate, tok, feats, prompts, tools, settings)
+        p = _score(cfg, published, tok, feats, prompts, tools, settings)
+        _judge(decision, held, c, p, settings, fallback)
     if settings.command:
         decision.command = _command(settings, candidate, published, cfg.base_model)
         if not decision.command["passed"]:
@@ -157,10 +293,63 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
             decision.reason += f"; the evaluation command failed (exit {decision.command['exit']})"
         else:
             decision.reason += "; the evaluation command passed"
-    decision.reason = decision.reason.lstrip("; ")
+    decision.reason = decision.reason.lstrip("; ") or "nothing to compare on"
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(log_dir) / "gate-log.jsonl", "a") as f:
             f.write(json.dumps(asdict(decision), default=str) + "\n")
     log.info("gate %s: %s", "passed" if decision.passed else "blocked", decision.reason)
     return decision
+
+
+def _judge(decision: GateDecision, held: list, c: dict, p: dict, settings: GateSettings,
+           fallback: list[dict] | None = None) -> None:
+    """Fill the decision from both models' scores."""
+    pairs = ranking_pairs(held, settings.max_pairs, fallback)
+    reasons, failed = [], []
+    for who, scores, metrics in (("candidate", c, decision.candidate_metrics), ("published", p, decision.published_metrics)):
+        lp = scores["mean_logp"]
+        metrics["rows"] = len(held)
+        metrics["pairs"] = len(pairs)
+        if pairs:
+            metrics["raw_ranking"] = sum(lp[a] > lp[b] for a, b in pairs) / len(pairs)
+        good = [i for i, e in enumerate(held) if (e.row.get("reward") or 0) > 0]
+        if good:
+            metrics["nll_rewarded"] = -sum(lp[i] for i in good) / len(good)
+        if "valid" in scores:
+            metrics["valid_share"] = sum(scores["valid"]) / len(scores["valid"])
+            metrics["samples"] = len(scores["valid"])
+            metrics["first_sample"] = scores["first_sample"]
+    cm, pm = decision.candidate_metrics, decision.published_metrics
+    if pairs:
+        d = [a - b for a, b in zip(c["mean_logp"], p["mean_logp"])]
+        acc = sum(1.0 if d[a] > d[b] else 0.5 if d[a] == d[b] else 0.0 for a, b in pairs) / len(pairs)
+        cm["ranking_accuracy"], pm["ranking_accuracy"] = acc, 0.5
+        decisive = len(pairs) >= settings.min_pairs
+        ok = acc >= 0.5 - settings.ranking_margin
+        decision.checks["ranking"] = {
+            "decisive": decisive, "passed": ok,
+            "detail": f"moved the rewarded action up more than the failed one in {100 * acc:.1f} % of {len(pairs)} "
+                      f"held-out pairs (50 % = no change; margin {100 * settings.ranking_margin:.0f} points; raw "
+                      f"likelihood ranking {100 * cm['raw_ranking']:.1f} % vs {100 * pm['raw_ranking']:.1f} %)"
+                      + ("" if decisive else f"; fewer than gate.min_pairs={settings.min_pairs}: not decisive")}
+        if decisive and not ok:
+            failed.append("ranks rewarded actions worse")
+        elif decisive:
+            reasons.append("ranks rewarded actions " + ("better" if acc > 0.5 else "no worse than the margin"))
+    else:
+        decision.checks["ranking"] = {"decisive": False, "passed": True,
+                                      "detail": "no held-out pairs of calls in a similar state with different rewards"}
+    if "valid_share" in cm:
+        ok = cm["valid_share"] >= pm["valid_share"] - settings.validity_margin
+        decision.checks["generation"] = {
+            "decisive": True, "passed": ok,
+            "detail": f"{100 * cm['valid_share']:.1f} % of {cm['samples']} sampled outputs valid (tool call or text) vs "
+                      f"{100 * pm['valid_share']:.1f} % (margin {100 * settings.validity_margin:.0f} points)"}
+        (reasons if ok else failed).append("valid outputs held" if ok else "breaks the output format")
+    if "nll_rewarded" in cm and "nll_rewarded" in pm:
+        decision.checks["nll of rewarded calls"] = {
+            "decisive": False, "passed": True,
+            "detail": f"{cm['nll_rewarded']:.4f} vs {pm['nll_rewarded']:.4f} per token"}
+    decision.passed = not failed
+    decision.reason = "; ".join(failed or reasons) or "no decisive offline signal"

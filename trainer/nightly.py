@@ -77,8 +77,12 @@ class NightlyConfig:
             raise SettingsError(f"nightly.mode must be lora or full, got {self.mode!r}")
         if self.keep < 1:
             raise SettingsError("nightly.keep must be at least 1")
-        if self.gate.metric not in ("adv_weighted_logp", "nll"):
-            raise SettingsError(f"nightly.gate.metric must be adv_weighted_logp or nll, got {self.gate.metric!r}")
+        g = self.gate
+        if g.samples < 0 or g.max_tokens < 1 or g.min_pairs < 0 or g.max_pairs < 1:
+            raise SettingsError("nightly.gate: samples and min_pairs must be >= 0, max_tokens and max_pairs >= 1")
+        if not (0 <= g.ranking_margin <= 1 and 0 <= g.validity_margin <= 1):
+            raise SettingsError(f"nightly.gate: ranking_margin and validity_margin are shares in [0, 1], got "
+                                f"{g.ranking_margin}, {g.validity_margin}")
 
 
 class Locked(RuntimeError):

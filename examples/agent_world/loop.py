@@ -71,12 +71,12 @@ def start_collector(data: Path, logs: Path) -> Service:
     return Service(proc, url, log)
 
 
-def start_server(model: Path, served_name: str, logs: Path, max_lora_rank: int = 16) -> Service:
+def start_server(model: Path, served_name: str, logs: Path, max_lora_rank: int = 16, max_loras: int = 4) -> Service:
     port = free_port()
     log = logs / "serve.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "nightshift.cli", "serve", "--engine", "transformers", "--model", str(model),
-         "--served-model-name", served_name, "--port", str(port), "--max-lora-rank", str(max_lora_rank)],
+         "--served-model-name", served_name, "--port", str(port), "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras)],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
     _wait(f"{url}/health", proc, "the model server", log)
@@ -134,7 +134,8 @@ def success(results: list[dict]) -> float:
     return sum(r["success"] for r in results) / len(results) if results else 0.0
 
 
-def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, server: Service, **train) -> Path:
+def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, server: Service, name: str = "agent",
+                   nightly: dict | None = None, **train) -> Path:
     """One settings file for build -> train -> gate -> publish on this world. The
     algorithm defaults to sft (rejection sampling), which benchmarks/learning.py
     found the strongest here; any other is one setting away."""
@@ -148,8 +149,8 @@ def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, serv
         "train": {"base_model": str(policy), "served_model_name": "world-policy", "output": str(checkpoints),
                   "algorithm": "sft", "learning_rate": 5e-3, "epochs": 6, "batch_size": 16, "eval_fraction": 0.1,
                   "tensorboard": False, "sft": {"threshold": 0.5}, "tools_fallback": str(tools), **train},
-        "nightly": {"vllm_url": server.url, "name": "agent", "stable_name": "agent", "keep": 2,
-                    "gate": {"metric": "adv_weighted_logp", "margin": 0.05}},
+        "nightly": {"vllm_url": server.url, "name": name, "stable_name": name, "keep": 2,
+                    "gate": {"samples": 48}, **(nightly or {})},
     }
     path.write_text(json.dumps(cfg, indent=2))
     return path
