@@ -547,3 +547,28 @@ def test_each_call_records_the_version_that_produced_it_and_its_temperature(tmp_
     df, _ = run(tmp_path)
     assert df["policy_version"].to_list() == ["v0002", None, "v0011"]
     assert df["temperature"].to_list() == [0.7, None, None]
+
+
+def test_a_call_whose_tool_call_errored_gets_less_credit_than_its_neighbours(tmp_path):
+    """Identical credit gives every call of a trajectory R; the call whose tool call
+    came back as an error (the tool message the next call saw says so) is the one
+    that went wrong, so its return is lowered by credit.tool_error_penalty."""
+    t = Trace("te")
+    root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                  start=0, end=20)
+    first = genai_call("look it up", tool_call=("c1", "lookup", {"q": "x"}))
+    history = [{"role": "user", "parts": [{"type": "text", "content": "look it up"}]},
+               {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"q": "x"}}]},
+               {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1",
+                                           "response": "Error: no such item"}]}]
+    second = genai_call("try again", "done", history=history)
+    t.span("chat", first, parent=root, start=1, end=2)
+    t.span("chat", second, parent=root, start=3, end=4)
+    t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
+                                         "agentlightning.reward.0.value": 1.0}, parent=root, start=15, end=15.5)
+    write_spans(str(tmp_path), [t])
+    df, _ = run(tmp_path)
+    assert df["return"].to_list() == [0.5, 1.0]
+    assert "tool_error" in df["flags"][0].to_list() and "tool_error" not in df["flags"][1].to_list()
+    df, _ = run(tmp_path, credit__tool_error_penalty=0.0)  # off: identical credit as before
+    assert df["return"].to_list() == [1.0, 1.0]

@@ -264,6 +264,7 @@ class _Ctx:
     exclude: re.Pattern | None
     summary: Summary
     counts: C.Counts
+    tool_error: re.Pattern | None = None
 
 
 def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
@@ -415,6 +416,13 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
                 if at is not None:
                     step_rewards[at].append((o.value, o.detail))
         credits = credit.assign(len(steps), R, R_src, step_rewards, cfg.credit.strategy, cfg.credit.gamma)
+        if cfg.credit.tool_error_penalty:
+            errored = credit.tool_errors(steps, ctx.tool_error)
+            if any(errored):
+                credits = credit.penalize(credits, errored, cfg.credit.tool_error_penalty)
+                for s, bad in zip(steps, errored):
+                    if bad:
+                        s["flags"].append("tool_error")
         group_text = _group_text(cfg, steps, session, infos[0]["group_attr"] if infos else None)
         group_id = _hash("group:" + group_text, 16) if group_text else None
         selected = []
@@ -504,7 +512,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     ctx = _Ctx(cfg, now_ns if now_ns is not None else time.time_ns(), since, until, _feedback(fs, root),
                _log_events(fs, root, sorted(by_date)),
                functions, re.compile(cfg.agents_include) if cfg.agents_include else None,
-               re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts())
+               re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
+               re.compile(cfg.credit.tool_error_pattern))
     files = [p for d in sorted(by_date) for p, _ in by_date[d]]
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
     if cfg.trajectory == "conversation" and buckets > 1:

@@ -6,6 +6,9 @@ other attempts when there are any.
 
 from __future__ import annotations
 
+import math
+import re
+
 from dataclasses import dataclass, field
 
 CREDIT_STRATEGIES = ("identical", "discounted", "last", "per_step")
@@ -32,10 +35,16 @@ class RewardConfig:
 @dataclass
 class CreditConfig:
     """`strategy`: identical | discounted | last | per_step. `gamma`: the discount
-    of `discounted` and `per_step`."""
+    of `discounted` and `per_step`. `tool_error_penalty`: subtracted from the
+    return of a call whose tool call came back as an error (the tool's result, as
+    the next call saw it, matches `tool_error_pattern`): with a trajectory-wide
+    outcome, the call that caused the trouble should not share the credit of
+    the calls around it (0 turns it off)."""
 
     strategy: str = "identical"
     gamma: float = 0.9
+    tool_error_penalty: float = 0.5
+    tool_error_pattern: str = r"(?i)\b(error|exception|traceback|failed|not found|invalid|no such tool)\b"
 
 
 @dataclass
@@ -79,6 +88,12 @@ class TransformConfig:
 
         if self.credit.strategy not in CREDIT_STRATEGIES:
             raise SettingsError(f"credit.strategy must be one of {', '.join(CREDIT_STRATEGIES)}, got {self.credit.strategy!r}")
+        if not math.isfinite(self.credit.tool_error_penalty) or self.credit.tool_error_penalty < 0:
+            raise SettingsError(f"credit.tool_error_penalty must be >= 0, got {self.credit.tool_error_penalty}")
+        try:
+            re.compile(self.credit.tool_error_pattern)
+        except re.error as e:
+            raise SettingsError(f"credit.tool_error_pattern: not a valid regex: {e}") from None
         if not 0.0 <= self.credit.gamma <= 1.0:
             raise SettingsError(f"credit.gamma must be in [0, 1], got {self.credit.gamma}")
         if self.advantage.baseline not in BASELINES:
@@ -96,7 +111,6 @@ class TransformConfig:
         for fn in self.reward.functions:
             if ":" not in fn:
                 raise SettingsError(f"reward.functions: {fn!r} must be module:function")
-        import re
 
         for what in ("agents_include", "agents_exclude"):
             try:

@@ -10,6 +10,7 @@ per_step   intermediate rewards go to the call that preceded them, R to the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import polars as pl
@@ -55,6 +56,28 @@ def assign(num_steps: int, outcome: float | None, outcome_source: str | None,
     if strategy == "last":
         return [Credit(None, None, None)] * (T - 1) + [Credit(outcome, outcome_source, outcome)]
     raise ValueError(f"unknown credit strategy {strategy!r}")
+
+
+def tool_errors(steps: list[dict], pattern: "re.Pattern[str]") -> list[bool]:
+    """For each call, whether one of its tool calls came back as an error: the
+    tool message answering it (by `tool_call_id`, in a later call's input) says so."""
+    results: dict[str, str] = {}
+    for s in steps:
+        for m in s.get("input_messages") or []:
+            if m.get("role") == "tool" and m.get("tool_call_id") and m["tool_call_id"] not in results:
+                results[m["tool_call_id"]] = m.get("content") or ""
+    out = []
+    for s in steps:
+        calls = (s.get("output_message") or {}).get("tool_calls") or []
+        out.append(any(c.get("id") in results and pattern.search(results[c["id"]]) for c in calls))
+    return out
+
+
+def penalize(credits: list[Credit], errored: list[bool], penalty: float) -> list[Credit]:
+    """Lower the return (and reward) of calls whose tool call errored; calls the
+    strategy left uncredited stay so."""
+    return [Credit(c.reward - penalty if c.reward is not None else None, c.source, c.ret - penalty)
+            if bad and c.ret is not None else c for c, bad in zip(credits, errored)]
 
 
 def advantages(df: pl.DataFrame, baseline: str, normalize: bool, eps: float = 1e-6) -> pl.Series:
