@@ -8,15 +8,17 @@ publishes, and the same agent, on fresh tasks, gets better.
     2. the collector and the model server start
     3. the agent runs episodes through them (OTEL_EXPORTER_OTLP_ENDPOINT, OPENAI_BASE_URL)
     4. feedback for half of them is posted afterwards
-    5. nightshift nightly: build -> train -> gate -> publish
-    6. the agent runs fresh episodes against the published adapter
-    7. success before and after, the report and its plot
+    5. nightshift nightly: build -> train -> gate -> publish, and the gate's signals
+    6. the agent runs fresh episodes against the published adapter (logged too)
+       5-6 again for DEMO_NIGHTS nights (2), each training on all logs so far
+    7. success before and after each night, the report and its plot
 
 Embedded defaults only: local folders under ./nightshift-data, CPU.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +33,7 @@ import policy  # noqa: E402
 
 DATA = Path(os.environ.get("NIGHTSHIFT_DATA", "./nightshift-data")).resolve()
 EPISODES = int(os.environ.get("DEMO_EPISODES", "200"))
+NIGHTS = int(os.environ.get("DEMO_NIGHTS", "2"))
 
 
 def say(step: str) -> None:
@@ -52,6 +55,7 @@ def main() -> int:
     collector = loop.start_collector(DATA, logs)
     server = loop.start_server(model, "world-policy", logs)
     print(f"    collector {collector.url}, model server {server.url}/v1")
+    after: list[list[dict]] = []
     try:
         say(f"3/7 the agent runs {EPISODES} episodes: opentelemetry-instrument python agent.py "
             f"(OTEL_EXPORTER_OTLP_ENDPOINT={collector.url}, AGENT_MODEL=world-policy)")
@@ -61,21 +65,33 @@ def main() -> int:
         print(f"    POST /v1/feedback: {loop.post_feedback(collector, before)} labels accepted")
         say("    the collector drains and flushes on SIGTERM (every acknowledged span reaches Parquet)")
         collector.stop()
-        say("5/7 nightshift nightly --config nightshift-data/demo.yaml: build -> train -> gate -> publish")
-        cfg = loop.nightly_config(DATA / "demo.yaml", DATA, model, DATA / "checkpoints", server)
-        rc = subprocess.call([sys.executable, "-m", "nightshift.cli", "nightly", "--config", str(cfg)])
-        if rc != 0:
-            print(f"nightshift nightly exited {rc}; see above", file=sys.stderr)
-            return rc
-        collector = loop.start_collector(DATA, logs)
-        say(f"6/7 the same agent, {EPISODES} fresh episodes, now with AGENT_MODEL=agent (the published adapter)")
-        after = loop.run_agent(python, collector, server, "agent", EPISODES, seed=2, logs=logs)
-        loop.post_feedback(collector, after)
+        cfg = loop.nightly_config(DATA / "demo.yaml", DATA, model, DATA / "checkpoints", server,
+                                  nightly={"train_window_days": 3650})
+        for night in range(1, NIGHTS + 1):
+            say(f"5/7 night {night}: nightshift nightly --config nightshift-data/demo.yaml: "
+                "build -> train (all logs so far) -> gate -> publish")
+            rc = subprocess.call([sys.executable, "-m", "nightshift.cli", "nightly", "--config", str(cfg)])
+            if rc != 0:
+                print(f"nightshift nightly exited {rc}; see above", file=sys.stderr)
+                return rc
+            state = json.loads((DATA / "checkpoints" / ".nightly" / "state.json").read_text())
+            print("\n".join(f"    {line}" for line in state.get("gate_lines") or []))
+            serving = (DATA / "checkpoints" / "published.json").exists()
+            name = "agent" if serving else "world-policy"
+            collector = loop.start_collector(DATA, logs)
+            say(f"6/7 night {night}: the same agent, {EPISODES} fresh episodes, AGENT_MODEL={name} "
+                f"({'the published adapter' if serving else 'nothing published yet'}); their calls are logged too")
+            after.append(loop.run_agent(python, collector, server, name, EPISODES, seed=1 + night, logs=logs))
+            print(f"    success: {loop.success(after[-1]):.0%}")
+            loop.post_feedback(collector, after[-1])
+            collector.stop()
     finally:
         collector.stop()
         server.stop()
     say("7/7 result")
-    print(f"    success before: {loop.success(before):.0%}   after one nightly cycle: {loop.success(after):.0%}")
+    print(f"    success before: {loop.success(before):.0%}   after one nightly cycle: {loop.success(after[0]):.0%}")
+    for night, res in enumerate(after[1:], start=2):
+        print(f"    after night {night}: {loop.success(res):.0%}")
     reports = DATA / "checkpoints" / "reports"
     print(f"    report: {reports / 'latest.md'}  plot: {reports / 'latest.png'}")
     print(f"    ({time.time() - t0:.0f} s in all; logs under {logs})")

@@ -44,7 +44,8 @@ def _config(tmp_path: Path, tiny_model: Path, url: str, **nightly) -> Path:
         "transform": {"settle": 0},
         "train": {"base_model": str(tiny_model), "served_model_name": "tiny", "output": str(tmp_path / "ck"),
                   "max_steps": 3, "batch_size": 4, "learning_rate": 1e-3, "tensorboard": False, "eval_fraction": 0.25},
-        "nightly": {"vllm_url": url, "name": "agent", "gate": {"margin": 10.0}, **nightly},
+        "nightly": {"vllm_url": url, "name": "agent", "gate": {"ranking_margin": 1.0, "validity_margin": 1.0, "samples": 4},
+                    **nightly},
     }
     p = tmp_path / "nightshift.yaml"
     p.write_text(json.dumps(cfg))  # JSON is YAML
@@ -126,7 +127,8 @@ def test_a_failing_stage_exits_1_and_the_next_run_resumes_it(tmp_path, tiny_mode
 def test_a_failing_evaluation_command_holds_the_version_back(tmp_path, tiny_model, serve_factory):
     s = serve_factory().start()
     _spans(tmp_path / "data")
-    cfg = _config(tmp_path, tiny_model, s.url, gate={"margin": 10.0, "command": "echo '{\"score\": 0.1}'; exit 3"})
+    cfg = _config(tmp_path, tiny_model, s.url, gate={"ranking_margin": 1.0, "samples": 0,
+                                                            "command": "echo '{\"score\": 0.1}'; exit 3"})
     p = nightly(cfg)
     assert p.returncode == 0 and "held back by the gate" in p.stdout and "exit 3" in p.stdout
     assert registry.read(str(tmp_path / "ck")) == [] and "agent@v0001" not in s.models()
@@ -155,15 +157,18 @@ def test_the_gate_blocks_a_worse_checkpoint(tmp_path, tiny_model):
     good, worse = version("true", "good"), version("flipped", "worse")
     judge = TrainConfig()
     _apply(judge, dict(data=str(tmp_path / "true"), base_model=str(tiny_model), eval_fraction=0.3), "test")
-    blocked = gate(worse, good, judge, GateSettings(), log_dir=str(tmp_path))
-    assert not blocked.passed and "adv_weighted_logp worse by" in blocked.reason
-    assert blocked.candidate_metrics["adv_weighted_logp"] < blocked.published_metrics["adv_weighted_logp"]
+    quick = dict(samples=4, max_tokens=8)
+    blocked = gate(worse, good, judge, GateSettings(**quick), log_dir=str(tmp_path))
+    assert not blocked.passed and "ranks rewarded actions worse" in blocked.reason, blocked.lines()
+    assert blocked.candidate_metrics["ranking_accuracy"] < 0.5 == blocked.published_metrics["ranking_accuracy"]
     assert blocked.candidate_metrics["rows"] == blocked.published_metrics["rows"] > 0  # the same held-out rows
-    gap = blocked.published_metrics["adv_weighted_logp"] - blocked.candidate_metrics["adv_weighted_logp"]
-    tolerated = gate(worse, good, judge, GateSettings(margin=gap * 1.5), log_dir=str(tmp_path))
-    assert tolerated.passed and "within the margin" in tolerated.reason  # worse, but by less than the margin
-    passed = gate(good, worse, judge, GateSettings(), log_dir=str(tmp_path))
-    assert passed.passed
-    vs_base = gate(good, None, judge, GateSettings())
+    assert "ranking [FAILED]" in "\n".join(blocked.lines())
+    gap = 0.5 - blocked.candidate_metrics["ranking_accuracy"]
+    tolerated = gate(worse, good, judge, GateSettings(ranking_margin=min(1.0, gap * 1.5), **quick),
+                     log_dir=str(tmp_path))
+    assert tolerated.passed and "no worse than the margin" in tolerated.reason  # worse, by less than the margin
+    passed = gate(good, worse, judge, GateSettings(**quick), log_dir=str(tmp_path))
+    assert passed.passed and passed.candidate_metrics["ranking_accuracy"] > 0.5
+    vs_base = gate(good, None, judge, GateSettings(**quick))
     assert vs_base.passed and vs_base.published is None
     assert len((tmp_path / "gate-log.jsonl").read_text().splitlines()) == 3
