@@ -140,3 +140,25 @@ def test_tool_call_parsing():
     content, calls = parse_tool_calls("<tool_call>not json</tool_call>")
     assert calls == [] and content == "<tool_call>not json</tool_call>"
     assert parse_tool_calls("plain") == ("plain", [])
+
+
+def test_logprobs_are_those_of_the_distribution_sampled_from(serve_factory, tiny_model):
+    """At temperature T the stand-in samples from softmax(logits / T), and the
+    logprobs it returns must be that distribution's (the trainer's importance
+    ratios use them as μ), not the raw T = 1 ones."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    s = serve_factory().start()
+    client = OpenAI(base_url=f"{s.url}/v1", api_key="unused")
+    r = client.chat.completions.create(model="tiny", messages=Q, max_tokens=6, temperature=0.5, seed=3, logprobs=True,
+                                       extra_body={"return_token_ids": True})
+    prompt, ids = r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0].float()
+    at_t = [torch.log_softmax(logits[len(prompt) + i - 1] / 0.5, -1)[t].item() for i, t in enumerate(ids)]
+    raw = [torch.log_softmax(logits[len(prompt) + i - 1], -1)[t].item() for i, t in enumerate(ids)]
+    got = [lp.logprob for lp in r.choices[0].logprobs.content]
+    assert got == pytest.approx(at_t, abs=1e-3)
+    assert got != pytest.approx(raw, abs=1e-3)
