@@ -163,8 +163,8 @@ def test_the_gate_blocks_a_worse_checkpoint(tmp_path, tiny_model):
     assert blocked.candidate_metrics["ranking_accuracy"] < 0.5 == blocked.published_metrics["ranking_accuracy"]
     assert blocked.candidate_metrics["rows"] == blocked.published_metrics["rows"] > 0  # the same held-out rows
     assert "ranking [FAILED]" in "\n".join(blocked.lines())
-    gap = 0.5 - blocked.candidate_metrics["ranking_accuracy"]
-    tolerated = gate(worse, good, judge, GateSettings(ranking_margin=min(1.0, gap * 1.5), **quick),
+    gap = 0.5 - blocked.candidate_metrics["ranking_lower_bound"]
+    tolerated = gate(worse, good, judge, GateSettings(ranking_margin=min(1.0, gap + 0.01), **quick),
                      log_dir=str(tmp_path))
     assert tolerated.passed and "no worse than the margin" in tolerated.reason  # worse, by less than the margin
     passed = gate(good, worse, judge, GateSettings(**quick), log_dir=str(tmp_path))

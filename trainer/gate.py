@@ -11,7 +11,10 @@ them), both models side by side:
   other, how often did the candidate raise the better action's likelihood more
   than the worse one's, relative to the serving model (log π_cand − log π_pub:
   DPO's implicit reward)? The serving model scores 50 % by construction; the
-  candidate may not score below it by more than `ranking_margin`. Comparing
+  lower confidence bound of the candidate's score (a bootstrap over held-out
+  trajectories) may not fall below it by more than `ranking_margin`. A point
+  estimate is not enough: on 15 held-out episodes, candidates 8 points worse
+  in success scored 58 % on 45 pairs and passed. Comparing
   likelihood *changes* rather than raw likelihoods matters: across two
   different states a raw likelihood says how typical a completion is, not how
   good (a candidate trained on inverted rewards ranked raw pairs better than
@@ -51,8 +54,11 @@ METRIC = "ranking_accuracy"
 
 @dataclass
 class GateSettings:
-    """`ranking_margin`: how much lower the candidate's held-out ranking accuracy
-    may be than the serving model's. `min_pairs`: fewer rewarded-vs-failed pairs
+    """Ranking passes when the lower `ranking_confidence` bound of the candidate's
+    held-out ranking accuracy (a bootstrap over held-out trajectories) is at
+    least 50 % − `ranking_margin`: the gate must be convinced the candidate is
+    no worse, so a small or noisy held-out set blocks rather than lets a worse
+    model through (a blocked night leaves every agent served as before). `min_pairs`: fewer rewarded-vs-failed pairs
     than this and ranking is reported but not decisive. `samples`: held-out
     prompts sampled per model for the generation check (0 turns it off);
     `max_tokens` per sample; `validity_margin`: how much the share of valid
@@ -62,7 +68,8 @@ class GateSettings:
     on its last stdout line is kept."""
 
     enabled: bool = True
-    ranking_margin: float = 0.02
+    ranking_margin: float = 0.0
+    ranking_confidence: float = 0.95
     min_pairs: int = 20
     max_pairs: int = 5000
     samples: int = 64
@@ -137,6 +144,26 @@ def ranking_pairs(examples: list, max_pairs: int, fallback: list[dict] | None = 
         key = lambda p: hashlib.blake2b(f"{p[0]}:{p[1]}".encode(), digest_size=8).digest()  # noqa: E731
         pairs = sorted(pairs, key=key)[:max_pairs]
     return pairs
+
+
+def lower_bound(hits: list[float], pairs: list[tuple[int, int]], trajectories: list[str], confidence: float,
+                draws: int = 400) -> float:
+    """The lower `confidence` bound of the mean of `hits` over `pairs`, by a
+    bootstrap over trajectories (pairs share rows and rows share trajectories,
+    so pairs are not independent draws): each resample weighs a pair by how
+    often both its trajectories were drawn."""
+    import numpy as np
+
+    ids = {t: i for i, t in enumerate(dict.fromkeys(trajectories))}
+    ta = np.array([ids[trajectories[a]] for a, _ in pairs])
+    tb = np.array([ids[trajectories[b]] for _, b in pairs])
+    h = np.asarray(hits)
+    rng = np.random.default_rng(0)
+    counts = rng.multinomial(len(ids), np.full(len(ids), 1.0 / len(ids)), size=draws).astype(float)
+    w = counts[:, ta] * counts[:, tb]
+    total = w.sum(axis=1)
+    means = (w @ h)[total > 0] / total[total > 0]
+    return float(np.quantile(means, 1.0 - confidence)) if means.size else 0.0
 
 
 # --- scoring one model --------------------------------------------------------------------
@@ -323,20 +350,23 @@ def _judge(decision: GateDecision, held: list, c: dict, p: dict, settings: GateS
     cm, pm = decision.candidate_metrics, decision.published_metrics
     if pairs:
         d = [a - b for a, b in zip(c["mean_logp"], p["mean_logp"])]
-        acc = sum(1.0 if d[a] > d[b] else 0.5 if d[a] == d[b] else 0.0 for a, b in pairs) / len(pairs)
-        cm["ranking_accuracy"], pm["ranking_accuracy"] = acc, 0.5
+        hits = [1.0 if d[a] > d[b] else 0.5 if d[a] == d[b] else 0.0 for a, b in pairs]
+        acc = sum(hits) / len(pairs)
+        low = lower_bound(hits, pairs, [e.row["trajectory_id"] for e in held], settings.ranking_confidence)
+        cm["ranking_accuracy"], pm["ranking_accuracy"], cm["ranking_lower_bound"] = acc, 0.5, low
         decisive = len(pairs) >= settings.min_pairs
-        ok = acc >= 0.5 - settings.ranking_margin
+        ok = low >= 0.5 - settings.ranking_margin
         decision.checks["ranking"] = {
             "decisive": decisive, "passed": ok,
             "detail": f"moved the rewarded action up more than the failed one in {100 * acc:.1f} % of {len(pairs)} "
-                      f"held-out pairs (50 % = no change; margin {100 * settings.ranking_margin:.0f} points; raw "
-                      f"likelihood ranking {100 * cm['raw_ranking']:.1f} % vs {100 * pm['raw_ranking']:.1f} %)"
+                      f"held-out pairs, {100 * settings.ranking_confidence:.0f} % lower bound {100 * low:.1f} % "
+                      f"(50 % = no change; margin {100 * settings.ranking_margin:.0f} points; raw likelihood ranking "
+                      f"{100 * cm['raw_ranking']:.1f} % vs {100 * pm['raw_ranking']:.1f} %)"
                       + ("" if decisive else f"; fewer than gate.min_pairs={settings.min_pairs}: not decisive")}
         if decisive and not ok:
             failed.append("ranks rewarded actions worse")
         elif decisive:
-            reasons.append("ranks rewarded actions " + ("better" if acc > 0.5 else "no worse than the margin"))
+            reasons.append("ranks rewarded actions " + ("better" if low > 0.5 else "no worse than the margin"))
     else:
         decision.checks["ranking"] = {"decisive": False, "passed": True,
                                       "detail": "no held-out pairs of calls in a similar state with different rewards"}

@@ -80,6 +80,8 @@ class NightlyConfig:
         g = self.gate
         if g.samples < 0 or g.max_tokens < 1 or g.min_pairs < 0 or g.max_pairs < 1:
             raise SettingsError("nightly.gate: samples and min_pairs must be >= 0, max_tokens and max_pairs >= 1")
+        if not 0.5 <= g.ranking_confidence < 1:
+            raise SettingsError(f"nightly.gate.ranking_confidence must be in [0.5, 1), got {g.ranking_confidence}")
         if not (0 <= g.ranking_margin <= 1 and 0 <= g.validity_margin <= 1):
             raise SettingsError(f"nightly.gate: ranking_margin and validity_margin are shares in [0, 1], got "
                                 f"{g.ranking_margin}, {g.validity_margin}")

@@ -147,7 +147,7 @@ def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, serv
         "data": str(data),
         "transform": {"settle": 0, "reward": {"keys": ["episode.reward"]}, "credit": {"strategy": "identical"}},
         "train": {"base_model": str(policy), "served_model_name": "world-policy", "output": str(checkpoints),
-                  "algorithm": "sft", "learning_rate": 5e-3, "epochs": 6, "batch_size": 16, "eval_fraction": 0.1,
+                  "algorithm": "sft", "learning_rate": 5e-3, "epochs": 6, "batch_size": 16, "eval_fraction": 0.2,
                   "tensorboard": False, "sft": {"threshold": 0.5}, "tools_fallback": str(tools), **train},
         "nightly": {"vllm_url": server.url, "name": name, "stable_name": name, "keep": 2,
                     "gate": {"samples": 48}, **(nightly or {})},
