@@ -1,25 +1,30 @@
 #!/usr/bin/env python
-"""Learning benchmark: does training on logged episodes make the agent better, and
-which algorithm and credit strategy do it best?
+"""Learning benchmark: does the nightly job make the agent better, night after
+night, and does its gate stop the nights that would make it worse?
 
-    python benchmarks/learning.py [--episodes 300] [--seeds 2] [--eval-episodes 200]
-                                  [--algorithms pg,kto,dpo,sft] [--credits identical,last,discounted]
+    python benchmarks/learning.py [--nights 2] [--seeds 3] [--episodes 200]
+                                  [--eval-episodes 200] [--algorithms pg,awr,sft]
 
-1. The agent world's behaviour policy (examples/agent_world: a tiny model that
-   picks the right tool about a third of the time; built once, cached).
-2. --episodes episodes logged once, the way production logs them: the agent in
-   its own virtualenv under `opentelemetry-instrument`, a real collector, half
-   the rewards on spans, half posted as feedback afterwards.
-3. For each credit strategy, `nightshift build` on a copy of those spans.
-4. For each algorithm x credit x seed, `nightshift train` (LoRA) from the
-   behaviour policy, and the result scored on --eval-episodes fresh episodes
-   (in process, temperature 1, the same tasks for every run of a seed).
+1. The agent world's behaviour policy (examples/agent_world: a tiny model built
+   offline and taught the world by SFT so that it picks the right tool about
+   half the time; built once, cached).
+2. Night 1's logs, shared by every configuration: --episodes episodes of the
+   unmodified agent (its own virtualenv, `opentelemetry-instrument`) through a
+   real collector and the model server; half the rewards on spans, half posted
+   as feedback afterwards.
+3. Each configuration (algorithm x seed) is a lineage with its own data folder,
+   checkpoints and served name. Each night: `nightshift nightly` (build ->
+   train on all logs so far, continuing the published adapter -> the default
+   gate -> publish); then the candidate is scored on --eval-episodes fresh
+   episodes (in process, temperature 1), whatever the gate said, so every
+   decision can be checked. From night 2 on, the lineage's agent runs with its
+   own published adapter and those calls are logged (a mixture of behaviour
+   policies: the trainer recomputes μ per version).
 
-Printed: success of the behaviour policy and of every configuration, mean and
-spread over seeds. Targets (issue 6): the best configuration gains >= 30
-points; crediting every call (identical) beats crediting only the last, in the
-same run. Learning rates are per algorithm (below), chosen once on this world
-and used for every credit strategy and seed.
+Controls in the same run: the behaviour policy scored on the same episodes (its
+spread over seeds). Printed: success per night, mean ± sd over seeds, the gate's
+decisions and their confusion with the measured outcome, and the issue's
+targets as met / NOT met.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -45,14 +51,11 @@ import evaluate  # noqa: E402
 import loop  # noqa: E402
 import policy  # noqa: E402
 
-#: Per algorithm: (learning rate, epochs, extra settings). pg keeps PPO's clip
-#: against the behaviour policy; at 5e-3 its negative-advantage updates broke the
-#: tool-call format on this world, so it trains gentler.
+#: Per algorithm: train settings, chosen once on this world and used for every seed and night.
 SETTINGS = {
-    "sft": (5e-3, 6, {"sft": {"threshold": 0.5}}),
-    "pg": (1e-3, 6, {}),
-    "kto": (5e-4, 4, {"kto": {"threshold": 0.5}}),
-    "dpo": (1e-3, 4, {"dpo": {"min_margin": 0.5}}),
+    "sft": {"learning_rate": 5e-3, "epochs": 6, "sft": {"threshold": 0.5}},
+    "awr": {"learning_rate": 5e-3, "epochs": 6, "awr": {"beta": 0.5}},
+    "pg": {"learning_rate": 5e-3, "epochs": 6},
 }
 
 
@@ -60,41 +63,41 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def build(data: Path, credit: str) -> str:
-    cfg = data / "transform.yaml"
-    cfg.write_text(json.dumps({"transform": {"reward": {"keys": ["episode.reward"]}, "credit": {"strategy": credit}}}))
-    p = subprocess.run([sys.executable, "-m", "nightshift.cli", "build", "--data", str(data), "--settle", "0",
-                        "--config", str(cfg), "--quiet"], capture_output=True, text=True, timeout=600)
+def mean_sd(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.mean(xs), statistics.pstdev(xs) if len(xs) > 1 else 0.0
+
+
+def fmt(xs: list[float]) -> str:
+    m, sd = mean_sd(xs)
+    return "   n/a     " if m != m else f"{100 * m:5.1f} ± {100 * sd:4.1f}"
+
+
+def nightly(cfg: Path, logs: Path) -> dict:
+    """One `nightshift nightly`; what it decided, read from its state file."""
+    p = subprocess.run([sys.executable, "-m", "nightshift.cli", "nightly", "--config", str(cfg), "--quiet"],
+                       capture_output=True, text=True, timeout=3600)
+    (logs / f"nightly-{cfg.parent.name}-{time.time():.0f}.log").write_text(p.stdout + p.stderr)
     if p.returncode != 0:
-        raise RuntimeError(p.stderr)
-    return p.stdout.splitlines()[0]
-
-
-def train(data: Path, model: Path, out: Path, algorithm: str, seed: int, tools: Path) -> str:
-    from nightshift.cli.settings import _apply
-    from nightshift.trainer.config import TrainConfig
-    from nightshift.trainer.run import train as run
-
-    lr, epochs, extra = SETTINGS[algorithm]
-    cfg = TrainConfig()
-    _apply(cfg, dict(data=str(data), base_model=str(model), output=str(out), algorithm=algorithm, learning_rate=lr,
-                     epochs=epochs, batch_size=16, eval_fraction=0.0, tensorboard=False, seed=seed,
-                     tools_fallback=str(tools), served_model_name="world-policy", **extra), "bench")
-    return run(cfg, progress=False).path
+        raise RuntimeError(f"nightly failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    state = json.loads((cfg.parent / "checkpoints" / ".nightly" / "state.json").read_text())
+    gate = state.get("gate") or {}
+    return {"gate": "PASSED" if gate.get("passed") else "BLOCKED", "version": state.get("version"),
+            "lines": state.get("gate_lines") or []}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--episodes", type=int, default=300)
-    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--nights", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--episodes", type=int, default=200, help="episodes logged per lineage per night")
     ap.add_argument("--eval-episodes", type=int, default=200)
-    ap.add_argument("--algorithms", default="pg,kto,dpo,sft")
-    ap.add_argument("--credits", default="identical,last,discounted")
+    ap.add_argument("--algorithms", default="pg,awr,sft")
     ap.add_argument("--keep", default="", help="keep the work folder here")
     args = ap.parse_args()
     from nightshift.trainer.serve_engine import Engine
-
-    import world
 
     cache = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
     spec = policy.PolicySpec()
@@ -103,100 +106,130 @@ def main() -> int:
     python = loop.agent_python(cache / "agent-venv")
     root = Path(args.keep or tempfile.mkdtemp(prefix="nightshift-bench-learning-"))
     root.mkdir(parents=True, exist_ok=True)
-    tools = root / "agent-tools.json"
-    tools.write_text(json.dumps(world.TOOLS))
-    logged = root / "logged"
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
+    algorithms = args.algorithms.split(",")
+    seeds = list(range(args.seeds))
     t0 = time.time()
-    log(f"logging {args.episodes} episodes through a collector and the model server")
-    collector = loop.start_collector(logged, logs)
-    server = loop.start_server(model, "world-policy", logs)
-    try:
-        results = loop.run_agent(python, collector, server, "world-policy", args.episodes, seed=1, logs=logs)
-        loop.post_feedback(collector, results)
-    finally:
-        collector.stop()
-        server.stop()
-    logged_success = loop.success(results)
-    builds = {}
-    for credit in args.credits.split(","):
-        d = root / credit
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir()
-        for name in ("spans", "logs", "feedback"):
-            if (logged / name).exists():
-                shutil.copytree(logged / name, d / name)
-        builds[credit] = build(d, credit)
-        log(f"built ({credit}): {builds[credit]}")
+    server = loop.start_server(model, "world-policy", logs, max_loras=4 * len(algorithms) * len(seeds) + 4)
     engine = Engine(str(model), "world-policy")
-    behaviour = [evaluate.score(str(model), None, args.eval_episodes, seed=1000 + s, engine=engine).rate
-                 for s in range(args.seeds)]
-    table: dict[tuple[str, str], list[float]] = {}
-    tool_rates: dict[tuple[str, str], list[float]] = {}
-    for algorithm in args.algorithms.split(","):
-        for credit in args.credits.split(","):
-            for s in range(args.seeds):
-                log(f"{algorithm} / {credit} / seed {s}")
-                try:
-                    path = train(root / credit, model, root / f"ck-{algorithm}-{credit}-{s}", algorithm, s, tools)
-                    sc = evaluate.score(str(model), path, args.eval_episodes, seed=1000 + s, engine=engine)
-                    rate, tool = sc.rate, sc.tool_rate
-                except Exception as e:  # noqa: BLE001 - e.g. no DPO pairs with `last`: recorded, not fatal
-                    log(f"  failed: {type(e).__name__}: {str(e)[:200]}")
-                    rate = tool = float("nan")
-                table.setdefault((algorithm, credit), []).append(rate)
-                tool_rates.setdefault((algorithm, credit), []).append(tool)
+    success: dict[tuple[str, int], list[float]] = {}  # (alg, night) -> per seed
+    serving_score: dict[tuple[str, int], float] = {}  # (alg, seed) -> what serves now, scored
+    decisions: list[dict] = []
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    except OSError:
-        commit = "?"
-
-    def fmt(xs: list[float]) -> str:
-        ok = [x for x in xs if x == x]
-        if not ok:
-            return "   failed   "
-        sd = statistics.pstdev(ok) if len(ok) > 1 else 0.0
-        return f"{100 * statistics.mean(ok):5.1f} ± {100 * sd:4.1f}"
-
-    credits = args.credits.split(",")
-    print("nightshift learning benchmark (examples/agent_world)")
-    print(f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}, commit {commit}, "
-          f"{os.cpu_count()} CPUs, python {platform.python_version()}, {time.time() - t0:.0f} s")
-    print(f"logged: {args.episodes} episodes (success {100 * logged_success:.1f} % while logging); "
-          f"evaluation: {args.eval_episodes} fresh episodes per run, temperature 1, {args.seeds} seed(s)")
-    for credit in credits:
-        print(f"  build ({credit}): {builds[credit]}")
-    print(f"success %, mean ± sd over seeds (behaviour policy: {fmt(behaviour)})")
-    print(f"  {'algorithm':10} " + " ".join(f"{c:>14}" for c in credits) + "   lr, epochs")
-    best = (None, -1.0)
-    for algorithm in args.algorithms.split(","):
-        cells = []
-        for credit in credits:
-            xs = table[(algorithm, credit)]
-            cells.append(f"{fmt(xs):>14}")
-            ok = [x for x in xs if x == x]
-            if ok and statistics.mean(ok) > best[1]:
-                best = ((algorithm, credit), statistics.mean(ok))
-        lr, ep, _ = SETTINGS[algorithm]
-        print(f"  {algorithm:10} " + " ".join(cells) + f"   {lr:g}, {ep}")
-    base = statistics.mean(behaviour)
-    gain = 100 * (best[1] - base)
-    print(f"best: {best[0][0]} with {best[0][1]} credit, {100 * best[1]:.1f} %: "
-          f"+{gain:.1f} points over the behaviour policy (target >= 30: {'met' if gain >= 30 else 'NOT met'})")
-    if "identical" in credits and "last" in credits:
-        for algorithm in args.algorithms.split(","):
-            a = [x for x in table[(algorithm, "identical")] if x == x]
-            b = [x for x in table[(algorithm, "last")] if x == x]
-            if a and b:
-                verdict = "beats" if statistics.mean(a) > statistics.mean(b) else "does NOT beat"
-                print(f"  {algorithm}: identical credit {verdict} last-call credit "
-                      f"({100 * statistics.mean(a):.1f} % vs {100 * statistics.mean(b):.1f} %)")
-    print("right-tool rate of the first call, %: " + "; ".join(
-        f"{a}/{c} {100 * statistics.mean([x for x in v if x == x] or [float('nan')]):.0f}" for (a, c), v in tool_rates.items()))
+        log(f"night 1 logs: {args.episodes} episodes of the behaviour policy through a collector")
+        first = root / "night1-logs"
+        collector = loop.start_collector(first, logs)
+        try:
+            results = loop.run_agent(python, collector, server, "world-policy", args.episodes, seed=1, logs=logs)
+            loop.post_feedback(collector, results)
+        finally:
+            collector.stop()
+        logged = loop.success(results)
+        behaviour = {}
+        for night in range(1, args.nights + 1):
+            behaviour[night] = [evaluate.score(str(model), None, args.eval_episodes, seed=1000 * night + s,
+                                               engine=engine).rate for s in seeds]
+        for alg in algorithms:
+            for s in seeds:
+                serving_score[(alg, s)] = behaviour[1][s]
+        for night in range(1, args.nights + 1):
+            for alg in algorithms:
+                for s in seeds:
+                    name = f"{alg}-s{s}"
+                    data = root / name
+                    if night == 1:
+                        for part in ("spans", "logs", "feedback"):
+                            if (first / part).exists():
+                                shutil.copytree(first / part, data / part)
+                    else:
+                        published = (data / "checkpoints" / "published.json").exists()
+                        collector = loop.start_collector(data, logs)
+                        try:
+                            res = loop.run_agent(python, collector, server, name if published else "world-policy",
+                                                 args.episodes, seed=100 * night + s, logs=logs)
+                            loop.post_feedback(collector, res)
+                        finally:
+                            collector.stop()
+                    cfg = loop.nightly_config(data / "nightly.yaml", data, model, data / "checkpoints", server, name=name,
+                                              nightly={"train_window_days": 3650}, seed=s,
+                                              **{**SETTINGS[alg], "algorithm": alg})
+                    log(f"night {night}: {name}: nightshift nightly")
+                    d = nightly(cfg, logs)
+                    rate = float("nan")
+                    if d["version"]:
+                        rate = evaluate.score(str(model), str(data / "checkpoints" / d["version"]), args.eval_episodes,
+                                              seed=1000 * night + s, engine=engine).rate
+                    before = serving_score[(alg, s)] if night == 1 else evaluate.score(
+                        str(model), _serving_path(data), args.eval_episodes, seed=1000 * night + s, engine=engine).rate
+                    d.update(night=night, alg=alg, seed=s, candidate=rate, before=before)
+                    decisions.append(d)
+                    log(f"  gate {d['gate']}: candidate {100 * rate:.1f} % vs serving {100 * before:.1f} %")
+                    if d["gate"] == "PASSED":
+                        serving_score[(alg, s)] = rate
+                    success.setdefault((alg, night), []).append(serving_score[(alg, s)])
+                    success.setdefault((alg + " (candidates)", night), []).append(rate)
+    finally:
+        server.stop()
+    report(args, algorithms, seeds, logged, behaviour, success, decisions, time.time() - t0)
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def _serving_path(data: Path) -> str | None:
+    reg = data / "checkpoints" / "published.json"
+    if not reg.exists():
+        return None
+    return json.loads(reg.read_text())["current"]["checkpoint"]
+
+
+def report(args, algorithms, seeds, logged, behaviour, success, decisions, seconds) -> None:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=HERE).stdout.strip()
+    except OSError:
+        commit = "?"
+    nights = range(1, args.nights + 1)
+    print("nightshift learning benchmark (examples/agent_world), nights of `nightshift nightly` with its default gate")
+    print(f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}, commit {commit}, "
+          f"{os.cpu_count()} CPUs, python {platform.python_version()}, {seconds:.0f} s")
+    print(f"logged: {args.episodes} episodes per lineage per night (night 1 shared: behaviour policy, "
+          f"{100 * logged:.1f} % success while logging); scored on {args.eval_episodes} fresh episodes, temperature 1, "
+          f"{len(seeds)} seeds")
+    print("success % of what serves after each night, mean ± sd over seeds (candidates the gate blocked in brackets)")
+    print(f"  {'':22}" + "".join(f"{'night ' + str(n):>16}" for n in nights))
+    print(f"  {'behaviour policy':22}" + "".join(f"{fmt(behaviour[n]):>16}" for n in nights))
+    for alg in algorithms:
+        print(f"  {alg + ' (serving)':22}" + "".join(f"{fmt(success[(alg, n)]):>16}" for n in nights))
+        print(f"  {alg + ' (candidate)':22}" + "".join(f"{fmt(success[(alg + ' (candidates)', n)]):>16}" for n in nights))
+    base_m, base_sd = mean_sd(behaviour[1])
+    print("gate decisions (better/worse: the candidate's success against what served before it, same episodes):")
+    conf = {(g, b): 0 for g in ("PASSED", "BLOCKED") for b in ("better", "worse")}
+    for d in decisions:
+        better = d["candidate"] > d["before"]
+        conf[(d["gate"] if d["gate"] in ("PASSED", "BLOCKED") else "BLOCKED", "better" if better else "worse")] += 1
+        print(f"  night {d['night']} {d['alg']}-s{d['seed']}: {d['gate']:7} candidate {100 * d['candidate']:5.1f} % "
+              f"vs {100 * d['before']:5.1f} %")
+    print(f"  confusion: passed-and-better {conf[('PASSED', 'better')]}, passed-and-worse {conf[('PASSED', 'worse')]}, "
+          f"blocked-and-better {conf[('BLOCKED', 'better')]}, blocked-and-worse {conf[('BLOCKED', 'worse')]}")
+    print("targets:")
+    spread = max(base_sd, 0.0)
+    for alg in algorithms:
+        m1, _ = mean_sd(success[(alg, 1)])
+        gain = 100 * (m1 - base_m)
+        drops = [mean_sd(success[(alg, n)])[0] - mean_sd(success[(alg, n - 1)])[0] for n in nights if n > 1]
+        holds = all(-d <= max(spread, max(mean_sd(success[(alg, n)])[1] for n in nights)) for d in drops)
+        print(f"  {alg}: +{gain:.1f} points after night 1 (>= +30: {'met' if gain >= 30 else 'NOT met'}); "
+              f"no night drops beyond the seed spread: {'met' if holds else 'NOT met'}"
+              + ("" if drops else " (one night only)"))
+    if "pg" in algorithms and "sft" in algorithms:
+        last = args.nights
+        (pm, psd), (sm, ssd) = mean_sd(success[("pg", last)]), mean_sd(success[("sft", last)])
+        beyond = pm - sm > max(psd, ssd)
+        print(f"  pg >= sft outside the seed spread (night {last}): {100 * pm:.1f} vs {100 * sm:.1f}: "
+              f"{'met' if beyond else 'NOT met'}")
+    print(f"  passed-and-worse = 0: {'met' if conf[('PASSED', 'worse')] == 0 else 'NOT met'}")
 
 
 if __name__ == "__main__":
