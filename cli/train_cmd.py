@@ -37,7 +37,7 @@ EPILOG = """YAML section `train:` (and top-level `data:`), e.g.:
     base_model: /models/Qwen2.5-1.5B-Instruct
     served_model_name: Qwen/Qwen2.5-1.5B-Instruct   # the vLLM --model the adapter is for
     output: s3://bucket/nightshift/checkpoints
-    algorithm: pg                   # pg | kto | dpo | sft
+    algorithm: sft                  # sft | awr | pg | kto | dpo
     select: {since: 2025-11-01, agents: "writer|rewriter", models: [], require_reward: true}
     lora: {r: 16, alpha: 32, target_modules: all-linear}
     pg: {clip: ppo, epsilon: 0.2, kl_coef: 0.0, reference: base}
@@ -57,7 +57,7 @@ def add_train(sub, common) -> None:
     common(t)
     t.add_argument("--base-model", dest="base_model", metavar="PATH", help="the model to train (a local folder)")
     t.add_argument("--output", metavar="DIR|URL", help="where versions go (default ./nightshift-checkpoints)")
-    t.add_argument("--algorithm", metavar="ALGO", help="pg | kto | dpo | sft (default pg)")
+    t.add_argument("--algorithm", metavar="ALGO", help="sft | awr | pg | kto | dpo (default sft: the learning benchmark's best and safest)")
     t.add_argument("--served-model-name", dest="served_model_name", metavar="NAME",
                    help="the base model's name on the serving engine, written into adapter_config.json")
     t.add_argument("--init-adapter", dest="init_adapter", metavar="DIR",

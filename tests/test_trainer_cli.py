@@ -37,12 +37,12 @@ def test_train_merge_and_list_from_the_command_line(tmp_path, tiny_model):
     p = ns("train", "--data", str(tmp_path / "data"), "--base-model", str(tiny_model), "--output",
            str(tmp_path / "ck"), "--max-steps", "3", "--batch-size", "4", "--served-model-name", "served/base")
     assert p.returncode == 0, p.stderr
-    assert "train: pg on" in p.stdout and f"-> v0001 at {tmp_path / 'ck' / 'v0001'}" in p.stdout
+    assert "train: sft on" in p.stdout  # the default algorithm and f"-> v0001 at {tmp_path / 'ck' / 'v0001'}" in p.stdout
     assert "3 step(s)" in p.stdout and "held-out" in p.stdout
     listing = ns("checkpoints", "--output", str(tmp_path / "ck"), "--json")
     assert listing.returncode == 0
     entry = json.loads(listing.stdout.splitlines()[0])
-    assert entry["version"] == "v0001" and entry["algorithm"] == "pg" and entry["dataset"]["rows_scanned"] == 20
+    assert entry["version"] == "v0001" and entry["algorithm"] == "sft" and entry["dataset"]["rows_scanned"] == 20
     m = ns("merge", str(tmp_path / "ck" / "v0001"), str(tmp_path / "merged"))
     assert m.returncode == 0, m.stderr
     assert (tmp_path / "merged" / "model.safetensors").exists()

@@ -25,7 +25,7 @@ GOOD, BAD = "The answer is 4.", "I don't know."
 
 def _cfg(tmp_path: Path, tiny_model: Path, **kw) -> TrainConfig:
     base = dict(data=str(tmp_path / "data"), base_model=str(tiny_model), output=str(tmp_path / "ckpt"),
-                max_steps=4, batch_size=4, learning_rate=1e-3, logging_steps=1, tensorboard=False,
+                algorithm="pg", max_steps=4, batch_size=4, learning_rate=1e-3, logging_steps=1, tensorboard=False,
                 served_model_name="Qwen/Qwen2.5-0.5B-Instruct")
     base.update(kw)
     cfg = TrainConfig()
