@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "examples" / "agent_world"))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the demo's own limit (900 s) plus building the policy the first time
 def test_the_agent_gets_better_after_one_nightly_cycle(tmp_path, world_policy):
     python = envs.ensure("otel_v2_4")  # the same pins as examples/agent_world/requirements.txt
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NIGHTSHIFT_"))}
