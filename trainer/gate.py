@@ -62,7 +62,9 @@ class GateSettings:
     than this and ranking is reported but not decisive. `samples`: held-out
     prompts sampled per model for the generation check (0 turns it off);
     `max_tokens` per sample; `validity_margin`: how much the share of valid
-    outputs may fall. `command`: your evaluation, run through the shell with
+    outputs may fall (5 points: a pg candidate 11 points worse in success on the
+    agent world fell 8 points here while its ranking looked better; the good
+    candidates fell 0-2). `command`: your evaluation, run through the shell with
     NIGHTSHIFT_CANDIDATE, NIGHTSHIFT_PUBLISHED (empty for the base) and
     NIGHTSHIFT_BASE_MODEL set; exit 0 passes, anything else blocks; a JSON object
     on its last stdout line is kept."""
@@ -74,7 +76,7 @@ class GateSettings:
     max_pairs: int = 5000
     samples: int = 64
     max_tokens: int = 96
-    validity_margin: float = 0.1
+    validity_margin: float = 0.05
     command: str = ""
     timeout: float = 3600.0
 
