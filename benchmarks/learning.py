@@ -154,19 +154,19 @@ def main() -> int:
                     cfg = loop.nightly_config(data / "nightly.yaml", data, model, data / "checkpoints", server, name=name,
                                               nightly={"train_window_days": 3650}, seed=s,
                                               **{**SETTINGS[alg], "algorithm": alg})
+                    # what serves before tonight, on tonight's episodes (scored before the nightly can move it)
+                    before = serving_score[(alg, s)] if night == 1 else evaluate.score(
+                        str(model), _serving_path(data), args.eval_episodes, seed=1000 * night + s, engine=engine).rate
                     log(f"night {night}: {name}: nightshift nightly")
                     d = nightly(cfg, logs)
                     rate = float("nan")
                     if d["version"]:
                         rate = evaluate.score(str(model), str(data / "checkpoints" / d["version"]), args.eval_episodes,
                                               seed=1000 * night + s, engine=engine).rate
-                    before = serving_score[(alg, s)] if night == 1 else evaluate.score(
-                        str(model), _serving_path(data), args.eval_episodes, seed=1000 * night + s, engine=engine).rate
                     d.update(night=night, alg=alg, seed=s, candidate=rate, before=before)
                     decisions.append(d)
                     log(f"  gate {d['gate']}: candidate {100 * rate:.1f} % vs serving {100 * before:.1f} %")
-                    if d["gate"] == "PASSED":
-                        serving_score[(alg, s)] = rate
+                    serving_score[(alg, s)] = rate if d["gate"] == "PASSED" else before
                     success.setdefault((alg, night), []).append(serving_score[(alg, s)])
                     success.setdefault((alg + " (candidates)", night), []).append(rate)
     finally:
