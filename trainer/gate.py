@@ -366,7 +366,8 @@ def _judge(decision: GateDecision, held: list, c: dict, p: dict, settings: GateS
                       f"{100 * cm['raw_ranking']:.1f} % vs {100 * pm['raw_ranking']:.1f} %)"
                       + ("" if decisive else f"; fewer than gate.min_pairs={settings.min_pairs}: not decisive")}
         if decisive and not ok:
-            failed.append("ranks rewarded actions worse")
+            failed.append("ranks rewarded actions worse" if acc < 0.5 else
+                          "not convinced it ranks rewarded actions no worse (too few or too noisy held-out pairs)")
         elif decisive:
             reasons.append("ranks rewarded actions " + ("better" if low > 0.5 else "no worse than the margin"))
     else:
