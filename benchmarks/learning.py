@@ -84,8 +84,14 @@ def nightly(cfg: Path, logs: Path) -> dict:
         raise RuntimeError(f"nightly failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     state = json.loads((cfg.parent / "checkpoints" / ".nightly" / "state.json").read_text())
     gate = state.get("gate") or {}
+    decisive = [c["passed"] for c in (gate.get("checks") or {}).values() if c.get("decisive")]
+    command = gate.get("command") or {}
     return {"gate": "PASSED" if gate.get("passed") else "BLOCKED", "version": state.get("version"),
-            "lines": state.get("gate_lines") or []}
+            "lines": state.get("gate_lines") or [],
+            # the default gate's own verdict (its offline checks), and the world checker's (gate.command)
+            "offline": "PASSED" if gate and all(decisive) else "BLOCKED",
+            "checker": ("PASSED" if command.get("passed") else "BLOCKED") if command else None,
+            "checker_result": command.get("result")}
 
 
 def main() -> int:
@@ -95,6 +101,8 @@ def main() -> int:
     ap.add_argument("--episodes", type=int, default=200, help="episodes logged per lineage per night")
     ap.add_argument("--eval-episodes", type=int, default=200)
     ap.add_argument("--algorithms", default="pg,awr,sft")
+    ap.add_argument("--check-episodes", type=int, default=100,
+                    help="fresh tasks the world's checker plays per candidate as the gate's command (0: offline checks only)")
     ap.add_argument("--keep", default="", help="keep the work folder here")
     args = ap.parse_args()
     from nightshift.trainer.serve_engine import Engine
@@ -153,6 +161,7 @@ def main() -> int:
                             collector.stop()
                     cfg = loop.nightly_config(data / "nightly.yaml", data, model, data / "checkpoints", server, name=name,
                                               nightly={"train_window_days": 3650}, seed=s,
+                                              checker_episodes=args.check_episodes,
                                               **{**SETTINGS[alg], "algorithm": alg})
                     # what serves before tonight, on tonight's episodes (scored before the nightly can move it)
                     before = serving_score[(alg, s)] if night == 1 else evaluate.score(
@@ -204,15 +213,26 @@ def report(args, algorithms, seeds, logged, behaviour, success, decisions, secon
         print(f"  {alg + ' (serving)':22}" + "".join(f"{fmt(success[(alg, n)]):>16}" for n in nights))
         print(f"  {alg + ' (candidate)':22}" + "".join(f"{fmt(success[(alg + ' (candidates)', n)]):>16}" for n in nights))
     base_m, base_sd = mean_sd(behaviour[1])
-    print("gate decisions (better/worse: the candidate's success against what served before it, same episodes):")
-    conf = {(g, b): 0 for g in ("PASSED", "BLOCKED") for b in ("better", "worse")}
+    print("gate decisions (better/worse: the candidate's success against what served before it, same episodes; "
+          "offline: the default gate's own checks; checker: the world's checker as gate.command; gate: both)")
+    confs = {k: {(g, b): 0 for g in ("PASSED", "BLOCKED") for b in ("better", "worse")}
+             for k in ("offline", "checker", "gate")}
     for d in decisions:
-        better = d["candidate"] > d["before"]
-        conf[(d["gate"] if d["gate"] in ("PASSED", "BLOCKED") else "BLOCKED", "better" if better else "worse")] += 1
-        print(f"  night {d['night']} {d['alg']}-s{d['seed']}: {d['gate']:7} candidate {100 * d['candidate']:5.1f} % "
-              f"vs {100 * d['before']:5.1f} %")
-    print(f"  confusion: passed-and-better {conf[('PASSED', 'better')]}, passed-and-worse {conf[('PASSED', 'worse')]}, "
-          f"blocked-and-better {conf[('BLOCKED', 'better')]}, blocked-and-worse {conf[('BLOCKED', 'worse')]}")
+        better = "better" if d["candidate"] > d["before"] else "worse"
+        for k, conf in confs.items():
+            if d.get(k):
+                conf[(d[k], better)] += 1
+        cr = d.get("checker_result") or {}
+        checked = (f", checker {100 * cr['candidate_success']:.0f} vs {100 * cr['serving_success']:.0f} %"
+                   if "candidate_success" in cr else "")
+        print(f"  night {d['night']} {d['alg']}-s{d['seed']}: gate {d['gate']:7} (offline {d['offline']}, checker "
+              f"{d.get('checker') or 'off'}) candidate {100 * d['candidate']:5.1f} % vs {100 * d['before']:5.1f} %{checked}")
+    for k, conf in confs.items():
+        if sum(conf.values()):
+            print(f"  confusion ({k}): passed-and-better {conf[('PASSED', 'better')]}, passed-and-worse "
+                  f"{conf[('PASSED', 'worse')]}, blocked-and-better {conf[('BLOCKED', 'better')]}, blocked-and-worse "
+                  f"{conf[('BLOCKED', 'worse')]}")
+    conf = confs["offline"]
     print("targets:")
     spread = max(base_sd, 0.0)
     for alg in algorithms:
@@ -229,7 +249,10 @@ def report(args, algorithms, seeds, logged, behaviour, success, decisions, secon
         beyond = pm - sm > max(psd, ssd)
         print(f"  pg >= sft outside the seed spread (night {last}): {100 * pm:.1f} vs {100 * sm:.1f}: "
               f"{'met' if beyond else 'NOT met'}")
-    print(f"  passed-and-worse = 0: {'met' if conf[('PASSED', 'worse')] == 0 else 'NOT met'}")
+    print(f"  passed-and-worse = 0, the default gate's offline checks: {'met' if conf[('PASSED', 'worse')] == 0 else 'NOT met'}")
+    if sum(confs["gate"].values()) and args.check_episodes:
+        print(f"  passed-and-worse = 0, with the world's checker: "
+              f"{'met' if confs['gate'][('PASSED', 'worse')] == 0 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ publishes, and the same agent, on fresh tasks, gets better.
     3. the agent runs episodes through them (OTEL_EXPORTER_OTLP_ENDPOINT, OPENAI_BASE_URL)
     4. feedback for half of them is posted afterwards
     5. nightshift nightly: build -> train -> gate -> publish, and the gate's signals
+       (its offline checks, then the world's checker as gate.command: fresh tasks
+       against the candidate as the server serves it, beside what serves now)
     6. the agent runs fresh episodes against the published adapter (logged too)
        5-6 again for DEMO_NIGHTS nights (2), each training on all logs so far
     7. success before and after each night, the report and its plot
@@ -34,6 +36,8 @@ import policy  # noqa: E402
 DATA = Path(os.environ.get("NIGHTSHIFT_DATA", "./nightshift-data")).resolve()
 EPISODES = int(os.environ.get("DEMO_EPISODES", "200"))
 NIGHTS = int(os.environ.get("DEMO_NIGHTS", "2"))
+#: fresh tasks the world's checker plays against each candidate (the gate's `command`); 0 turns it off
+CHECK_EPISODES = int(os.environ.get("DEMO_CHECK_EPISODES", "100"))
 
 
 def say(step: str) -> None:
@@ -66,7 +70,7 @@ def main() -> int:
         say("    the collector drains and flushes on SIGTERM (every acknowledged span reaches Parquet)")
         collector.stop()
         cfg = loop.nightly_config(DATA / "demo.yaml", DATA, model, DATA / "checkpoints", server,
-                                  nightly={"train_window_days": 3650})
+                                  nightly={"train_window_days": 3650}, checker_episodes=CHECK_EPISODES)
         for night in range(1, NIGHTS + 1):
             say(f"5/7 night {night}: nightshift nightly --config nightshift-data/demo.yaml: "
                 "build -> train (all logs so far) -> gate -> publish")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "examples" / "agent_world"))
 def test_the_agent_gets_better_after_one_nightly_cycle(tmp_path, world_policy):
     python = envs.ensure("otel_v2_4")  # the same pins as examples/agent_world/requirements.txt
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NIGHTSHIFT_"))}
-    env.update({"NIGHTSHIFT_DATA": str(tmp_path / "data"), "DEMO_EPISODES": "200", "DEMO_NIGHTS": "1", "DEMO_POLICY_DIR": str(world_policy),
+    env.update({"NIGHTSHIFT_DATA": str(tmp_path / "data"), "DEMO_EPISODES": "200", "DEMO_NIGHTS": "1", "DEMO_CHECK_EPISODES": "40", "DEMO_POLICY_DIR": str(world_policy),
                 "DEMO_AGENT_PYTHON": str(python)})
     p = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py")], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=900)
@@ -47,3 +47,8 @@ def test_the_agent_gets_better_after_one_nightly_cycle(tmp_path, world_policy):
     registry = json.loads((data / "checkpoints" / "published.json").read_text())
     assert registry["current"]["version"] == "v0001" and registry["current"]["stable_name"] == "agent"
     assert (data / "checkpoints" / "reports" / "latest.png").stat().st_size > 10_000
+    # the world's checker ran as the gate's command: fresh tasks against the candidate as served
+    decision = json.loads((data / "checkpoints" / "gate-log.jsonl").read_text().splitlines()[-1])
+    checked = decision["command"]["result"]
+    assert decision["command"]["exit"] == 0 and checked["episodes"] == 40 and checked["serving"] == "world-policy"
+    assert checked["candidate_success"] >= checked["serving_success"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -135,10 +136,13 @@ def success(results: list[dict]) -> float:
 
 
 def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, server: Service, name: str = "agent",
-                   nightly: dict | None = None, **train) -> Path:
+                   nightly: dict | None = None, checker_episodes: int = 0, **train) -> Path:
     """One settings file for build -> train -> gate -> publish on this world. The
     algorithm defaults to sft (rejection sampling), which benchmarks/learning.py
-    found the strongest here; any other is one setting away."""
+    found the strongest here; any other is one setting away. `checker_episodes`
+    > 0 makes the world's own checker (gate_check.py: fresh tasks against the
+    candidate as the server serves it) the gate's `command`, as a team would
+    wire its own evaluation."""
     import world
 
     tools = path.parent / "agent-tools.json"  # what the agent offers: its spans do not record it
@@ -154,5 +158,9 @@ def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, serv
                     # even good candidates, so the world asks the gate for 80 % confidence
                     "gate": {"samples": 48, "ranking_confidence": 0.8}, **(nightly or {})},
     }
+    if checker_episodes > 0:
+        cfg["nightly"].setdefault("gate", {})["command"] = " ".join(shlex.quote(a) for a in (
+            sys.executable, str(HERE / "gate_check.py"), "--server", server.url, "--serving", name,
+            "--base", cfg["train"]["served_model_name"], "--episodes", str(checker_episodes)))
     path.write_text(json.dumps(cfg, indent=2))
     return path
