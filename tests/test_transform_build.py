@@ -547,6 +547,9 @@ def test_each_call_records_the_version_that_produced_it_and_its_temperature(tmp_
     df, _ = run(tmp_path)
     assert df["policy_version"].to_list() == ["v0002", None, "v0011"]
     assert df["temperature"].to_list() == [0.7, None, None]
+    # what the agent asked for and what answered, apart: users filter on the first
+    assert df["request_model"].to_list() == ["agent", "world-policy", "agent@v0011"]
+    assert df["response_model"].to_list() == ["agent@v0002", "world-policy", None]
 
 
 def test_a_call_whose_tool_call_errored_gets_less_credit_than_its_neighbours(tmp_path):

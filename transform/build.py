@@ -40,7 +40,7 @@ log = logging.getLogger("nightshift.transform")
 
 SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
                 "service_name", "gen_ai_operation_name", "gen_ai_agent_name", "gen_ai_conversation_id",
-                "attributes", "events", "dropped_attributes_count"]
+                "scope_name", "attributes", "events", "dropped_attributes_count"]
 #: Peak process bytes per uncompressed byte of the span columns read: the Arrow
 #: columns, the calls' attributes as Python objects, and the rows built from them.
 OVERHEAD = 8.0  # measured: 200k Agent Lightning spans, peak RSS / bucket size
@@ -307,7 +307,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
     span_events = C.events_of(call_rows)
     meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
-                            "dropped_attributes_count").to_dicts()
+                            "scope_name", "dropped_attributes_count").to_dicts()
     records = []
     for i, (row, attrs) in enumerate(zip(meta, call_attrs)):
         key = (row["trace_id"], row["span_id"])
@@ -444,6 +444,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
                 "trace_id": s["trace_id"], "span_id": s["span_id"], "trajectory_id": trajectory_id,
                 "group_id": group_id, "step": i, "num_steps": len(steps), "agent_name": s["agent_name"],
                 "service_name": s["service_name"], "model": s["model"], "provider": s["provider"],
+                "request_model": s["request_model"], "response_model": s["response_model"],
                 "policy_version": s["policy_version"], "temperature": s["temperature"],
                 "input_messages": s["input_messages"], "output_message": s["output_message"], "tools": s["tools"],
                 "finish_reason": s["finish_reason"], "prompt_token_ids": None,

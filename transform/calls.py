@@ -188,6 +188,35 @@ def policy_version(*models: Any) -> str | None:
     return None
 
 
+#: Instrumentations whose `llm.model_name` is the model the agent configured, not
+#: the one that answered (OpenInference's Agents-SDK bridge reads the agent's
+#: settings; its openai instrumentor reads the response).
+REQUEST_MODEL_SCOPES = frozenset({"openinference.instrumentation.openai_agents"})
+
+
+def request_model(attrs: dict, scope: str | None = None) -> str | None:
+    """The model the agent asked for (`gpt-4o-mini`), what users filter on; the
+    response names a dated one (`gpt-4o-mini-2024-07-18`). OpenInference keeps the
+    request's in `llm.invocation_parameters` (JSON) and, for most of its
+    instrumentors, the answer's in `llm.model_name`."""
+    m = _first(attrs, "gen_ai.request.model", "llm.request.model")
+    if m is None and scope in REQUEST_MODEL_SCOPES:
+        m = attrs.get("llm.model_name")
+    if m is None and isinstance(params := attrs.get("llm.invocation_parameters"), str) and '"model"' in params:
+        try:
+            m = json.loads(params).get("model")
+        except (json.JSONDecodeError, AttributeError):
+            m = None
+    return m if isinstance(m, str) and m else None
+
+
+def response_model(attrs: dict, scope: str | None = None) -> str | None:
+    m = _first(attrs, "gen_ai.response.model", "llm.response.model")
+    if m is None and scope not in REQUEST_MODEL_SCOPES:
+        m = attrs.get("llm.model_name")
+    return m if isinstance(m, str) and m else None
+
+
 def _float(v: Any) -> float | None:
     try:
         f = float(v) if v is not None and not isinstance(v, bool) else None
@@ -313,6 +342,8 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         "end_ns": row["end_ns"],
         "service_name": row["service_name"],
         "model": _first(attrs, "gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model"),
+        "request_model": request_model(attrs, row.get("scope_name")),
+        "response_model": response_model(attrs, row.get("scope_name")),
         "provider": _first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"),
         "policy_version": policy_version(_first(attrs, "gen_ai.response.model", "llm.response.model"),
                                          _first(attrs, "gen_ai.request.model", "llm.model_name")),
