@@ -25,9 +25,9 @@ class SelectConfig:
     read. `since`/`until`: dates (YYYY-MM-DD) of the `date` partition, inclusive.
     `agents`: whose calls to train on: names (`writer,rewriter`, or a YAML list),
     matched exactly, or a regex matched against the whole `agent_name`
-    (`writer|re.*`, or `re:` before it). `models`: keep rows whose `model` is one of
-    these (empty: all). `require_reward`: leave out rows nobody rated (their
-    reward is null). `max_rows`: cap, newest first (0: no cap)."""
+    (`writer|re.*`, or `re:` before it). `models`: keep rows whose
+    `request_model` (what the agent asked for) or `model` is one of these (empty:
+    all). `require_reward`: leave out rows nobody rated (their reward is null). `max_rows`: cap, newest first (0: no cap)."""
 
     since: str = ""
     until: str = ""

@@ -33,6 +33,7 @@ OPTIONAL = {
     "advantage": pl.Float64,
     "agent_name": pl.Utf8,
     "model": pl.Utf8,
+    "request_model": pl.Utf8,
     "step": pl.Int32,
     "start_time": pl.Datetime("ns", "UTC"),
     "prompt_token_ids": pl.List(pl.Int32),
@@ -146,7 +147,8 @@ def select(cfg: TrainConfig) -> Selection:
         lf = lf.filter(agent_filter(sel.agents))
         excluded["agent not selected"], n = n - (m := _count(lf)), m
     if sel.models:
-        lf = lf.filter(pl.col("model").is_in(sel.models))
+        # what the agent asked for, or (older datasets, or no request recorded) `model`
+        lf = lf.filter(pl.col("request_model").is_in(sel.models) | pl.col("model").is_in(sel.models))
         excluded["model not selected"], n = n - (m := _count(lf)), m
     if sel.max_rows and n > sel.max_rows:
         order = ["start_time", "transition_id"] if "start_time" in lf.collect_schema().names() else ["transition_id"]
