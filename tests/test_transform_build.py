@@ -575,3 +575,24 @@ def test_a_call_whose_tool_call_errored_gets_less_credit_than_its_neighbours(tmp
     assert "tool_error" in df["flags"][0].to_list() and "tool_error" not in df["flags"][1].to_list()
     df, _ = run(tmp_path, credit__tool_error_penalty=0.0)  # off: identical credit as before
     assert df["return"].to_list() == [1.0, 1.0]
+
+
+def test_a_call_in_an_unknown_layout_is_counted_by_instrumentation_and_left_out(tmp_path):
+    """A framework release that renamed its attributes must not crash the build nor
+    produce a row with guessed content: the call is left out, counted under its
+    instrumentation with an example span id, and the rest of the trajectory is built."""
+    t = Trace("layout", scope="openinference.instrumentation.newframework")
+    root = t.span("agent run", {"openinference.span.kind": "AGENT", "agent.name": "solver"}, start=0, end=10)
+    t.span("chat", genai_call("q1", "a1"), parent=root, start=1, end=2)
+    odd = t.span("NewLLM.invoke", {"openinference.span.kind": "LLM", "llm.request.v2": json.dumps({"prompt": "q2"}),
+                                   "llm.reply.v2": "a2"}, parent=root, start=3, end=4)
+    t.span("chat", genai_call("q3", "a3"), parent=root, start=5, end=6)
+    write_spans(str(tmp_path), [t])
+    df, summary = run(tmp_path)
+    assert df.sort("step")["output_message"].struct.field("content").to_list() == ["a1", "a3"]
+    assert df["num_steps"].to_list() == [2, 2]
+    calls, unknown, example = summary.by_instrumentation["openinference.instrumentation.newframework"]
+    assert (calls, unknown, example) == (3, 1, odd.hex())
+    lines = "\n".join(summary.lines())
+    assert "calls by instrumentation: openinference.instrumentation.newframework 3" in lines
+    assert f"layout unknown (openinference.instrumentation.newframework): 1 of 3, e.g. span {odd.hex()}" in lines

@@ -66,6 +66,8 @@ class Summary:
     flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     content_missing: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     partitions: list[str] = field(default_factory=list)
+    #: instrumentation scope -> [calls, calls in a layout no reader knows (left out), an example span id]
+    by_instrumentation: dict[str, list] = field(default_factory=dict)
     buckets: int = 1
     seconds: float = 0.0
 
@@ -90,6 +92,13 @@ class Summary:
             out.append(f"reward values ignored (not finite numbers): {self.bad_rewards}")
         if self.reward_errors:
             out.append(f"trajectories whose reward function raised: {self.reward_errors}")
+        if self.by_instrumentation:
+            out.append("calls by instrumentation: " + ", ".join(
+                f"{k} {v[0]}" for k, v in sorted(self.by_instrumentation.items(), key=lambda kv: -kv[1][0])))
+        for k, (n, bad, example) in sorted(self.by_instrumentation.items()):
+            if bad:
+                out.append(f"calls left out, their layout unknown ({k}): {bad} of {n}, e.g. span {example}; "
+                           "a new release of that instrumentation? please report it with the span")
         for flag, n in sorted(self.flagged.items()):
             out.append(f"rows flagged {flag}: {n}")
         for conv, n in sorted(self.content_missing.items()):
@@ -313,11 +322,15 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         key = (row["trace_id"], row["span_id"])
         rec = C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, []))
         rec["_call"] = i
-        records.append(rec)
+        unreadable = "unknown_layout" in rec["flags"]
+        ctx.counts.saw(row.get("scope_name"), not unreadable, row["span_id"])
+        if not unreadable:  # never a row whose content was guessed at
+            records.append(rec)
     del call_attrs, call_rows
-    info = anc.to_dicts()
+    info = anc.to_dicts()  # one per call, in call_rows' order
     outer_of = {}
-    for rec, a in zip(records, info):
+    for rec in records:
+        a = info[rec["_call"]]
         rec["agent_name"] = a["agent_name"]
         outer_of[rec["span_id"]] = a["outer"]
         if a["skew"] or (rec["end_ns"] is not None and rec["start_ns"] is not None and rec["end_ns"] < rec["start_ns"]):
@@ -585,6 +598,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary.duplicates = ctx.counts.duplicates
+    summary.by_instrumentation = ctx.counts.by_scope
     summary.bad_rewards = ctx.counts.bad_rewards
     summary.seconds = time.perf_counter() - t0
     return summary
