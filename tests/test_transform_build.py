@@ -596,3 +596,22 @@ def test_a_call_in_an_unknown_layout_is_counted_by_instrumentation_and_left_out(
     lines = "\n".join(summary.lines())
     assert "calls by instrumentation: openinference.instrumentation.newframework 3" in lines
     assert f"layout unknown (openinference.instrumentation.newframework): 1 of 3, e.g. span {odd.hex()}" in lines
+
+
+def test_concurrent_rollouts_of_one_prompt_are_not_taken_for_one_call_recorded_twice(tmp_path):
+    """A detached client span is merged into the framework span around the same call
+    only when another instrumentation recorded it: two agents asking the same thing
+    at the same time, recorded by one instrumentation, stay two calls."""
+    traces = []
+    for i in range(2):
+        t = Trace(f"rollout{i}", scope="opentelemetry.instrumentation.openai_v2")
+        if i == 0:
+            root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                          start=0, end=10)
+            t.span("chat", genai_call("same question", "same answer"), parent=root, start=1, end=5)
+        else:  # the other rollout's call, a root of its own, inside the first one's time
+            t.span("chat", genai_call("same question", "same answer"), start=2, end=4)
+        traces.append(t)
+    write_spans(str(tmp_path), traces)
+    df, summary = run(tmp_path)
+    assert df.height == 2 and df["trajectory_id"].n_unique() == 2 and summary.duplicates == 0

@@ -307,6 +307,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     trace_info = {r["trace_id"]: r for r in per_trace.iter_rows(named=True)}
 
     # The calls, read in Python.
+    root_calls = set(df.filter(cls["is_call"] & pl.col("parent_span_id").is_null())["span_id"].to_list())
     call_rows = df.filter(cls["is_call"]).drop("parent_span_id", "name", strict=False)
     carriers = df.filter(cls["carrier"])
     del df  # the bucket's spans: only the calls and reward carriers are still needed
@@ -336,6 +337,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         if a["skew"] or (rec["end_ns"] is not None and rec["start_ns"] is not None and rec["end_ns"] < rec["start_ns"]):
             rec["flags"].append("clock_skew")
     records = C.dedupe(records, outer_of, ctx.counts)
+    records = C.merge_detached(records, root_calls, ctx.counts)
 
     # Rewards carried by spans.
     span_obs: dict[str, list[Observation]] = defaultdict(list)
