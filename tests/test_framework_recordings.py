@@ -51,7 +51,8 @@ GAPS: dict[str, dict[str, str]] = {
         "model": "llm.model_name is AutoGen's lookup (gpt-4o-2024-08-06), not what answered (gpt-4o-2024-07-18)",
     },
     "autogen/genai_openai/roundrobin": {
-        "trajectories": "without a span around team.run(), AutoGen starts a trace per runtime message (joined only by span links)",
+        "trajectories": "without a span around team.run(), AutoGen starts a trace per runtime message, joined only by "
+                        "span links: `transform.trajectory: linked` follows them (tested below)",
         "trace": "as trajectories", "steps": "as trajectories", "num_steps": "as trajectories",
     },
     "autogen/genai_openai_noruntime/": {
@@ -114,3 +115,19 @@ def test_a_recorded_framework_run_builds_one_exact_row_per_request(case, tmp_pat
     assert not unexpected, "\n".join(m for msgs in unexpected.values() for m in msgs)
     fixed = [k for k in gaps if k not in checks.failures]
     assert not fixed, f"known gaps of {case} now pass: remove them from GAPS: {fixed}"
+
+
+def test_an_autogen_team_run_is_one_trajectory_when_traces_are_joined_by_their_links(tmp_path):
+    """Without a span around `team.run()`, AutoGen's runtime starts a trace per message
+    and links it to the span that sent it: `trajectory: linked` follows the links."""
+    src = FIXTURES / "autogen" / "genai_openai" / "roundrobin"
+    calls = json.loads((src / "stub_calls.json").read_text())
+    program = json.loads((src / "program.json").read_text())
+    shutil.copytree(src / "spans", tmp_path / "data" / "spans")
+    build(TransformConfig(data=str(tmp_path / "data"), settle=0, trajectory="linked"))
+    df = pl.read_parquet(str(tmp_path / "data" / "transitions" / "**" / "*.parquet"), hive_partitioning=True)
+    assert df.height == len(calls) == 4 and df["trajectory_id"].n_unique() == 1
+    df = df.sort("step")
+    assert df["step"].to_list() == [0, 1, 2, 3] and df["agent_name"].to_list() == program["result"]["agents"]
+    assert [m["content"] for m in df["output_message"].to_list()] == [
+        c["response"]["choices"][0]["message"]["content"] for c in calls]

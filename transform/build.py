@@ -40,7 +40,7 @@ log = logging.getLogger("nightshift.transform")
 
 SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
                 "service_name", "gen_ai_operation_name", "gen_ai_agent_name", "gen_ai_conversation_id",
-                "scope_name", "attributes", "events", "dropped_attributes_count"]
+                "scope_name", "attributes", "events", "links", "dropped_attributes_count"]
 #: Peak process bytes per uncompressed byte of the span columns read: the Arrow
 #: columns, the calls' attributes as Python objects, and the rows built from them.
 OVERHEAD = 8.0  # measured: 200k Agent Lightning spans, peak RSS / bucket size
@@ -104,6 +104,30 @@ class Summary:
         for conv, n in sorted(self.content_missing.items()):
             out.append(f"rows without content ({conv}): {n}; capture was off, turn it on with {C.CAPTURE_HINTS.get(conv, C.CAPTURE_HINTS['unknown'])}")
         return out
+
+
+def _linked_components(df: pl.DataFrame) -> dict[str, str]:
+    """Trace -> the first trace (by id) of the traces its spans' links connect it to:
+    AutoGen's runtime starts a trace per message delivered and links it to the span
+    that sent it, so one team run is one component."""
+    if "links" not in df.columns:
+        return {}
+    pairs = (df.select("trace_id", "links").filter(pl.col("links").list.len() > 0).explode("links")
+             .select("trace_id", pl.col("links").struct.field("trace_id").alias("other"))
+             .filter(pl.col("other").is_not_null() & (pl.col("other") != pl.col("trace_id"))).unique())
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    for a, b in pairs.iter_rows():
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return {t: find(t) for t in list(parent)}
 
 
 def _day(value: str, what: str) -> dt.date | None:
@@ -305,6 +329,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         pl.col("group_attr").drop_nulls().first().alias("group_attr"),
     )
     trace_info = {r["trace_id"]: r for r in per_trace.iter_rows(named=True)}
+    linked_to = _linked_components(df) if cfg.trajectory == "linked" else {}
 
     # The calls, read in Python.
     root_calls = set(df.filter(cls["is_call"] & pl.col("parent_span_id").is_null())["span_id"].to_list())
@@ -351,6 +376,8 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
 
     # Trajectories.
     def traj_key(trace_id: str) -> str:
+        if cfg.trajectory == "linked":
+            return linked_to.get(trace_id, trace_id)
         if cfg.trajectory == "conversation":
             sess = trace_info[trace_id]["session"]
             if sess:
@@ -532,8 +559,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                re.compile(cfg.credit.tool_error_pattern))
     files = [p for d in sorted(by_date) for p, _ in by_date[d]]
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
-    if cfg.trajectory == "conversation" and buckets > 1:
-        log.warning("trajectory=conversation reads the whole window at once (%d MiB of spans)", total >> 20)
+    if cfg.trajectory in ("conversation", "linked") and buckets > 1:
+        log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
         buckets = 1
     summary.buckets = buckets
     out_root = f"{root}/transitions"
