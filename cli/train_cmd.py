@@ -64,7 +64,9 @@ def add_train(sub, common) -> None:
                    help="continue training this LoRA adapter (e.g. the published version)")
     t.add_argument("--since", metavar="YYYY-MM-DD", help="first date of transitions to train on")
     t.add_argument("--until", metavar="YYYY-MM-DD", help="last date")
-    t.add_argument("--agents", metavar="REGEX", help="train on these agents' calls only")
+    t.add_argument("--agents", metavar="NAMES",
+                   help="train on these agents' calls only: names as the spans give them (writer,rewriter), "
+                        "matched exactly; or a regex matched against the whole name (writer|rewr.*)")
     t.add_argument("--epochs", type=float, help="passes over the rows (default 1)")
     t.add_argument("--max-steps", dest="max_steps", type=int, help="optimizer steps (overrides --epochs)")
     t.add_argument("--learning-rate", dest="learning_rate", type=float, help="default 1e-4")

@@ -69,6 +69,10 @@ SCHEMA = with_metadata(
             # server answered with); null: the base model or a model never published
             pa.field("policy_version", pa.string()),
             pa.field("temperature", pa.float64()),  # the request's sampling temperature, when recorded
+            # `model` is the name the server answered with where recorded, else the request's;
+            # these two keep both: what the agent asked for (filter on this) and the dated answer
+            pa.field("request_model", pa.string()),
+            pa.field("response_model", pa.string()),
             pa.field("schema_version", pa.string()),
         ]
     ),

@@ -203,6 +203,8 @@ def check_rows(df: pl.DataFrame, calls: list[dict], producer: Producer, scenario
         c.eq("service_name", row["service_name"], service, at)
         c.eq("provider", row["provider"], "openai", at)
         c.eq("model", row["model"], resp["model"] if producer.model_from == "response" else req["model"], at)
+        c.eq("request_model", row["request_model"], req["model"], at)
+        c.eq("response_model", row["response_model"], resp["model"] if producer.model_from == "response" else None, at)
         c.eq("input_tokens", row["input_tokens"], resp["usage"]["prompt_tokens"], at)
         c.eq("output_tokens", row["output_tokens"], resp["usage"]["completion_tokens"], at)
         c.eq("finish_reason", row["finish_reason"], {"tool_calls": "tool_call"}.get(choice["finish_reason"], choice["finish_reason"]), at)

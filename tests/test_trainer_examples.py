@@ -86,3 +86,20 @@ def test_content_hash_sees_the_messages_not_only_the_ids():
     b = dict(a, output_message={**a["output_message"], "content": "changed"})
     assert Selection([a]).content_hash() != Selection([b]).content_hash()
     assert Selection([a]).content_hash() == Selection([dict(a)]).content_hash()
+
+
+def test_agents_are_selected_by_exact_name_or_a_whole_name_regex():
+    import polars as pl
+
+    from nightshift.trainer.select import agent_filter
+
+    df = pl.DataFrame({"agent_name": ["writer", "rewriter", "checker", None]})
+
+    def chosen(spec):
+        return df.filter(agent_filter(spec))["agent_name"].to_list()
+
+    assert chosen("writer") == ["writer"]  # not rewriter: a name is not a substring
+    assert chosen("writer,rewriter") == ["writer", "rewriter"]
+    assert chosen(["checker"]) == ["checker"]
+    assert chosen("writer|check.*") == ["writer", "checker"]
+    assert chosen("re:.*writer") == ["writer", "rewriter"]

@@ -547,6 +547,9 @@ def test_each_call_records_the_version_that_produced_it_and_its_temperature(tmp_
     df, _ = run(tmp_path)
     assert df["policy_version"].to_list() == ["v0002", None, "v0011"]
     assert df["temperature"].to_list() == [0.7, None, None]
+    # what the agent asked for and what answered, apart: users filter on the first
+    assert df["request_model"].to_list() == ["agent", "world-policy", "agent@v0011"]
+    assert df["response_model"].to_list() == ["agent@v0002", "world-policy", None]
 
 
 def test_a_call_whose_tool_call_errored_gets_less_credit_than_its_neighbours(tmp_path):
@@ -572,3 +575,43 @@ def test_a_call_whose_tool_call_errored_gets_less_credit_than_its_neighbours(tmp
     assert "tool_error" in df["flags"][0].to_list() and "tool_error" not in df["flags"][1].to_list()
     df, _ = run(tmp_path, credit__tool_error_penalty=0.0)  # off: identical credit as before
     assert df["return"].to_list() == [1.0, 1.0]
+
+
+def test_a_call_in_an_unknown_layout_is_counted_by_instrumentation_and_left_out(tmp_path):
+    """A framework release that renamed its attributes must not crash the build nor
+    produce a row with guessed content: the call is left out, counted under its
+    instrumentation with an example span id, and the rest of the trajectory is built."""
+    t = Trace("layout", scope="openinference.instrumentation.newframework")
+    root = t.span("agent run", {"openinference.span.kind": "AGENT", "agent.name": "solver"}, start=0, end=10)
+    t.span("chat", genai_call("q1", "a1"), parent=root, start=1, end=2)
+    odd = t.span("NewLLM.invoke", {"openinference.span.kind": "LLM", "llm.request.v2": json.dumps({"prompt": "q2"}),
+                                   "llm.reply.v2": "a2"}, parent=root, start=3, end=4)
+    t.span("chat", genai_call("q3", "a3"), parent=root, start=5, end=6)
+    write_spans(str(tmp_path), [t])
+    df, summary = run(tmp_path)
+    assert df.sort("step")["output_message"].struct.field("content").to_list() == ["a1", "a3"]
+    assert df["num_steps"].to_list() == [2, 2]
+    calls, unknown, example = summary.by_instrumentation["openinference.instrumentation.newframework"]
+    assert (calls, unknown, example) == (3, 1, odd.hex())
+    lines = "\n".join(summary.lines())
+    assert "calls by instrumentation: openinference.instrumentation.newframework 3" in lines
+    assert f"layout unknown (openinference.instrumentation.newframework): 1 of 3, e.g. span {odd.hex()}" in lines
+
+
+def test_concurrent_rollouts_of_one_prompt_are_not_taken_for_one_call_recorded_twice(tmp_path):
+    """A detached client span is merged into the framework span around the same call
+    only when another instrumentation recorded it: two agents asking the same thing
+    at the same time, recorded by one instrumentation, stay two calls."""
+    traces = []
+    for i in range(2):
+        t = Trace(f"rollout{i}", scope="opentelemetry.instrumentation.openai_v2")
+        if i == 0:
+            root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                          start=0, end=10)
+            t.span("chat", genai_call("same question", "same answer"), parent=root, start=1, end=5)
+        else:  # the other rollout's call, a root of its own, inside the first one's time
+            t.span("chat", genai_call("same question", "same answer"), start=2, end=4)
+        traces.append(t)
+    write_spans(str(tmp_path), traces)
+    df, summary = run(tmp_path)
+    assert df.height == 2 and df["trajectory_id"].n_unique() == 2 and summary.duplicates == 0

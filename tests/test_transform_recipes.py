@@ -22,7 +22,7 @@ def _snippets(after: str) -> list[str]:
 
 
 def test_readme_recipes_run(tmp_path, monkeypatch):
-    a, b = episode("ra", 1.0), episode("rb", 0.0, agent="checker")
+    a, b = episode("ra", 1.0, agent="writer"), episode("rb", 0.0, agent="checker")
     write_spans(tmp_path / "nightshift-data", [a, b])
     _feedback(tmp_path / "nightshift-data", [{"feedback_id": "x", "trace_id": a.hex, "name": "primary", "value": 1.0,
                                               "comment": "good", "received_time": T0 + 1, "source": "http"}])
@@ -42,9 +42,12 @@ def test_readme_recipes_run(tmp_path, monkeypatch):
             exec(code, ns)
         else:
             results.append(eval(code, ns))
-    by_agent, messages, joined = results
-    assert sorted(by_agent["agent_name"].to_list()) == ["checker", "solver"]
+    by_agent, messages, per_agent, in_order, joined = results
+    assert sorted(by_agent["agent_name"].to_list()) == ["checker", "writer"]
     assert set(messages["role"]) == {"user"} and messages.height == 6
+    assert sorted(zip(per_agent["agent_name"], per_agent["calls"], per_agent["reward"])) == [
+        ("checker", 3, 0.0), ("writer", 3, 1.0)]
+    assert sorted(in_order["agents_in_order"].to_list()) == [["checker"] * 3, ["writer"] * 3]
     assert joined.height == 3 and set(joined["comment"]) == {"good"}
     exec(hf_code, ns)
     ds = ns["ds"]

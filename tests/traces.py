@@ -59,6 +59,7 @@ class Trace:
     spans: list[SpanSpec] = field(default_factory=list)
     service: str = "agent"
     trace_id: bytes = b""
+    scope: str = ""  # the instrumentation library's name
 
     def __post_init__(self) -> None:
         self.trace_id = hashlib.sha256(("trace" + self.seed).encode()).digest()[:16] if self.seed else os.urandom(16)
@@ -80,6 +81,7 @@ def request(traces: list[Trace], base_ns: int = T0) -> ExportTraceServiceRequest
         rs = req.resource_spans.add()
         rs.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value=t.service)))
         ss = rs.scope_spans.add()
+        ss.scope.name = t.scope
         for s in t.spans:
             sp = Span(trace_id=t.trace_id, span_id=s.span_id, name=s.name, kind=3,
                       start_time_unix_nano=base_ns + int(s.start * 1e9),

@@ -23,13 +23,15 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 class SelectConfig:
     """Which transitions to train on, applied lazily in Polars before anything is
     read. `since`/`until`: dates (YYYY-MM-DD) of the `date` partition, inclusive.
-    `agents`: a regex on `agent_name`. `models`: keep rows whose `model` is one of
-    these (empty: all). `require_reward`: leave out rows nobody rated (their
-    reward is null). `max_rows`: cap, newest first (0: no cap)."""
+    `agents`: whose calls to train on: names (`writer,rewriter`, or a YAML list),
+    matched exactly, or a regex matched against the whole `agent_name`
+    (`writer|re.*`, or `re:` before it). `models`: keep rows whose
+    `request_model` (what the agent asked for) or `model` is one of these (empty:
+    all). `require_reward`: leave out rows nobody rated (their reward is null). `max_rows`: cap, newest first (0: no cap)."""
 
     since: str = ""
     until: str = ""
-    agents: str = ""
+    agents: str | list[str] = ""
     models: list[str] = field(default_factory=list)
     require_reward: bool = True
     max_rows: int = 0
@@ -241,7 +243,10 @@ class TrainConfig:
         if self.sft.top_k < 0:
             raise SettingsError(f"sft.top_k must be non-negative, got {self.sft.top_k}")
         try:
-            re.compile(self.select.agents)
+            if isinstance(self.select.agents, str):
+                re.compile(self.select.agents.removeprefix("re:"))
+            elif not all(isinstance(a, str) for a in self.select.agents):
+                raise SettingsError(f"select.agents: a list of agent names, got {self.select.agents!r}")
         except re.error as e:
             raise SettingsError(f"select.agents: not a valid regex: {e}") from None
         for what in ("since", "until"):

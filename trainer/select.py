@@ -33,6 +33,7 @@ OPTIONAL = {
     "advantage": pl.Float64,
     "agent_name": pl.Utf8,
     "model": pl.Utf8,
+    "request_model": pl.Utf8,
     "step": pl.Int32,
     "start_time": pl.Datetime("ns", "UTC"),
     "prompt_token_ids": pl.List(pl.Int32),
@@ -109,6 +110,29 @@ def scan(cfg: TrainConfig) -> pl.LazyFrame:
     return lf.with_columns(fill) if fill else lf
 
 
+_REGEX_CHARS = set("|*+?()[]{}^$\\")
+
+
+def agent_names(spec: str | list[str]) -> list[str] | None:
+    """The exact agent names `spec` selects (`writer,rewriter`, or a list), or None
+    when it is a regex (`writer|rewr.*`): a name is never matched by a substring,
+    so `writer` does not select `rewriter`."""
+    if isinstance(spec, list):
+        return [str(a).strip() for a in spec if str(a).strip()]
+    if any(c in _REGEX_CHARS for c in spec.replace(".", "")) or spec.startswith("re:"):
+        return None
+    return [a.strip() for a in spec.split(",") if a.strip()]
+
+
+def agent_filter(spec: str | list[str]) -> pl.Expr:
+    """Rows whose `agent_name` is one of the names, or matches the whole regex."""
+    names = agent_names(spec)
+    if names is not None:
+        return pl.col("agent_name").is_in(names)
+    pattern = spec[3:] if isinstance(spec, str) and spec.startswith("re:") else spec
+    return pl.col("agent_name").fill_null("").str.contains(f"^(?:{pattern})$")
+
+
 def _count(lf: pl.LazyFrame) -> int:
     return lf.select(pl.len()).collect().item()
 
@@ -120,10 +144,11 @@ def select(cfg: TrainConfig) -> Selection:
     excluded: Counter = Counter()
     scanned = n = _count(lf)
     if sel.agents:
-        lf = lf.filter(pl.col("agent_name").fill_null("").str.contains(sel.agents))
+        lf = lf.filter(agent_filter(sel.agents))
         excluded["agent not selected"], n = n - (m := _count(lf)), m
     if sel.models:
-        lf = lf.filter(pl.col("model").is_in(sel.models))
+        # what the agent asked for, or (older datasets, or no request recorded) `model`
+        lf = lf.filter(pl.col("request_model").is_in(sel.models) | pl.col("model").is_in(sel.models))
         excluded["model not selected"], n = n - (m := _count(lf)), m
     if sel.max_rows and n > sel.max_rows:
         order = ["start_time", "transition_id"] if "start_time" in lf.collect_schema().names() else ["transition_id"]

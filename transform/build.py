@@ -40,7 +40,7 @@ log = logging.getLogger("nightshift.transform")
 
 SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
                 "service_name", "gen_ai_operation_name", "gen_ai_agent_name", "gen_ai_conversation_id",
-                "attributes", "events", "dropped_attributes_count"]
+                "scope_name", "attributes", "events", "links", "dropped_attributes_count"]
 #: Peak process bytes per uncompressed byte of the span columns read: the Arrow
 #: columns, the calls' attributes as Python objects, and the rows built from them.
 OVERHEAD = 8.0  # measured: 200k Agent Lightning spans, peak RSS / bucket size
@@ -66,6 +66,8 @@ class Summary:
     flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     content_missing: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     partitions: list[str] = field(default_factory=list)
+    #: instrumentation scope -> [calls, calls in a layout no reader knows (left out), an example span id]
+    by_instrumentation: dict[str, list] = field(default_factory=dict)
     buckets: int = 1
     seconds: float = 0.0
 
@@ -90,11 +92,42 @@ class Summary:
             out.append(f"reward values ignored (not finite numbers): {self.bad_rewards}")
         if self.reward_errors:
             out.append(f"trajectories whose reward function raised: {self.reward_errors}")
+        if self.by_instrumentation:
+            out.append("calls by instrumentation: " + ", ".join(
+                f"{k} {v[0]}" for k, v in sorted(self.by_instrumentation.items(), key=lambda kv: -kv[1][0])))
+        for k, (n, bad, example) in sorted(self.by_instrumentation.items()):
+            if bad:
+                out.append(f"calls left out, their layout unknown ({k}): {bad} of {n}, e.g. span {example}; "
+                           "a new release of that instrumentation? please report it with the span")
         for flag, n in sorted(self.flagged.items()):
             out.append(f"rows flagged {flag}: {n}")
         for conv, n in sorted(self.content_missing.items()):
             out.append(f"rows without content ({conv}): {n}; capture was off, turn it on with {C.CAPTURE_HINTS.get(conv, C.CAPTURE_HINTS['unknown'])}")
         return out
+
+
+def _linked_components(df: pl.DataFrame) -> dict[str, str]:
+    """Trace -> the first trace (by id) of the traces its spans' links connect it to:
+    AutoGen's runtime starts a trace per message delivered and links it to the span
+    that sent it, so one team run is one component."""
+    if "links" not in df.columns:
+        return {}
+    pairs = (df.select("trace_id", "links").filter(pl.col("links").list.len() > 0).explode("links")
+             .select("trace_id", pl.col("links").struct.field("trace_id").alias("other"))
+             .filter(pl.col("other").is_not_null() & (pl.col("other") != pl.col("trace_id"))).unique())
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            parent[x] = parent.get(parent[x], parent[x])
+            x = parent[x]
+        return x
+
+    for a, b in pairs.iter_rows():
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return {t: find(t) for t in list(parent)}
 
 
 def _day(value: str, what: str) -> dt.date | None:
@@ -296,8 +329,10 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         pl.col("group_attr").drop_nulls().first().alias("group_attr"),
     )
     trace_info = {r["trace_id"]: r for r in per_trace.iter_rows(named=True)}
+    linked_to = _linked_components(df) if cfg.trajectory == "linked" else {}
 
     # The calls, read in Python.
+    root_calls = set(df.filter(cls["is_call"] & pl.col("parent_span_id").is_null())["span_id"].to_list())
     call_rows = df.filter(cls["is_call"]).drop("parent_span_id", "name", strict=False)
     carriers = df.filter(cls["carrier"])
     del df  # the bucket's spans: only the calls and reward carriers are still needed
@@ -307,22 +342,27 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
     span_events = C.events_of(call_rows)
     meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
-                            "dropped_attributes_count").to_dicts()
+                            "scope_name", "dropped_attributes_count").to_dicts()
     records = []
     for i, (row, attrs) in enumerate(zip(meta, call_attrs)):
         key = (row["trace_id"], row["span_id"])
         rec = C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, []))
         rec["_call"] = i
-        records.append(rec)
+        unreadable = "unknown_layout" in rec["flags"]
+        ctx.counts.saw(row.get("scope_name"), not unreadable, row["span_id"])
+        if not unreadable:  # never a row whose content was guessed at
+            records.append(rec)
     del call_attrs, call_rows
-    info = anc.to_dicts()
+    info = anc.to_dicts()  # one per call, in call_rows' order
     outer_of = {}
-    for rec, a in zip(records, info):
+    for rec in records:
+        a = info[rec["_call"]]
         rec["agent_name"] = a["agent_name"]
         outer_of[rec["span_id"]] = a["outer"]
         if a["skew"] or (rec["end_ns"] is not None and rec["start_ns"] is not None and rec["end_ns"] < rec["start_ns"]):
             rec["flags"].append("clock_skew")
     records = C.dedupe(records, outer_of, ctx.counts)
+    records = C.merge_detached(records, root_calls, ctx.counts)
 
     # Rewards carried by spans.
     span_obs: dict[str, list[Observation]] = defaultdict(list)
@@ -336,6 +376,8 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
 
     # Trajectories.
     def traj_key(trace_id: str) -> str:
+        if cfg.trajectory == "linked":
+            return linked_to.get(trace_id, trace_id)
         if cfg.trajectory == "conversation":
             sess = trace_info[trace_id]["session"]
             if sess:
@@ -444,6 +486,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
                 "trace_id": s["trace_id"], "span_id": s["span_id"], "trajectory_id": trajectory_id,
                 "group_id": group_id, "step": i, "num_steps": len(steps), "agent_name": s["agent_name"],
                 "service_name": s["service_name"], "model": s["model"], "provider": s["provider"],
+                "request_model": s["request_model"], "response_model": s["response_model"],
                 "policy_version": s["policy_version"], "temperature": s["temperature"],
                 "input_messages": s["input_messages"], "output_message": s["output_message"], "tools": s["tools"],
                 "finish_reason": s["finish_reason"], "prompt_token_ids": None,
@@ -516,8 +559,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                re.compile(cfg.credit.tool_error_pattern))
     files = [p for d in sorted(by_date) for p, _ in by_date[d]]
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
-    if cfg.trajectory == "conversation" and buckets > 1:
-        log.warning("trajectory=conversation reads the whole window at once (%d MiB of spans)", total >> 20)
+    if cfg.trajectory in ("conversation", "linked") and buckets > 1:
+        log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
         buckets = 1
     summary.buckets = buckets
     out_root = f"{root}/transitions"
@@ -584,6 +627,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary.duplicates = ctx.counts.duplicates
+    summary.by_instrumentation = ctx.counts.by_scope
     summary.bad_rewards = ctx.counts.bad_rewards
     summary.seconds = time.perf_counter() - t0
     return summary

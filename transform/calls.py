@@ -9,6 +9,7 @@ reward spans) are read in Python, by the layout readers of `conventions`.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -42,7 +43,7 @@ _CLASSIFY_KEYS = {
     "tl_kind": ("traceloop.span.kind",),
     "tl_name": ("traceloop.entity.name",),
     "agent_attr": ("agent.name", "recipient_agent_type", "langchain.chain.type", "executor.id"),
-    "oi_agent": ("agent.name",),
+    "oi_agent": ("agent.name", "graph.node.id"),
     "session": ("session.id", "conversation.id", "traceloop.association.properties.session_id"),
     "token_ids": ("response_token_ids",),
 }
@@ -57,6 +58,15 @@ class Counts:
     content_missing: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     bad_rewards: int = 0
+    #: instrumentation (the span's scope) -> calls read, calls whose layout no reader knew, an example
+    by_scope: dict[str, list] = field(default_factory=dict)
+
+    def saw(self, scope: str | None, readable: bool, span_id: str) -> None:
+        entry = self.by_scope.setdefault(scope or "(no scope)", [0, 0, ""])
+        entry[0] += 1
+        if not readable:
+            entry[1] += 1
+            entry[2] = entry[2] or span_id
 
     def add(self, other: "Counts") -> None:
         self.spans += other.spans
@@ -67,6 +77,11 @@ class Counts:
             self.content_missing[k] += v
         for k, v in other.flagged.items():
             self.flagged[k] += v
+        for k, (n, bad, example) in other.by_scope.items():
+            mine = self.by_scope.setdefault(k, [0, 0, ""])
+            mine[0] += n
+            mine[1] += bad
+            mine[2] = mine[2] or example
 
 
 def transition_id(trace_id: str, span_id: str) -> str:
@@ -104,11 +119,17 @@ def classify(df: pl.DataFrame, user_reward_keys: tuple[str, ...], group_attr: st
                    | pl.col("name").str.contains(r"openai\.chat\.completion")
                    | pl.col("token_ids").is_not_null())
     )
+    # The user's name for the agent, from the attributes that carry it; never made up
+    # from a span name (`writer.on_messages_stream`, `researcher._execute_core`), except
+    # the GenAI convention's own `invoke_agent {gen_ai.agent.name}`. An agent span
+    # without a name does not count: the call's agent is then the nearest named one above.
+    semconv_name = (pl.when(pl.col("name").str.starts_with("invoke_agent "))
+                    .then(pl.col("name").str.splitn(" ", 2).struct.field("field_1")))
     agent = (
         pl.when(pl.col("op").is_in(sorted(AGENT_OPERATIONS)))
-        .then(pl.coalesce(pl.col("genai_agent"), pl.col("name").str.splitn(" ", 2).struct.field("field_1")))
-        .when(pl.col("oi_kind") == "AGENT").then(pl.coalesce(pl.col("oi_agent"), pl.col("name")))
-        .when(pl.col("tl_kind") == "agent").then(pl.coalesce(pl.col("tl_name"), pl.col("name")))
+        .then(pl.coalesce(pl.col("genai_agent"), semconv_name))
+        .when(pl.col("oi_kind") == "AGENT").then(pl.col("oi_agent"))
+        .when(pl.col("tl_kind") == "agent").then(pl.col("tl_name"))
         .when(pl.col("op").is_null() & (pl.col("oi_kind").is_null() | (pl.col("oi_kind") != "LLM")))
         .then(pl.col("agent_attr"))
     )
@@ -186,6 +207,43 @@ def policy_version(*models: Any) -> str | None:
         if isinstance(m, str) and (found := _VERSION_RE.search(m)):
             return found.group(1)
     return None
+
+
+#: Instrumentations whose `llm.model_name` is the model the agent configured, not
+#: the one that answered (OpenInference's Agents-SDK bridge reads the agent's
+#: settings; its openai instrumentor reads the response).
+REQUEST_MODEL_SCOPES = frozenset({"openinference.instrumentation.openai_agents"})
+#: ... and those whose `llm.model_name` is neither: OpenInference's AutoGen instrumentor
+#: records AutoGen's own table lookup of the request's model (`gpt-4o` -> `gpt-4o-2024-08-06`
+#: whatever answered). Both columns stay null; `model` keeps what the span says.
+UNKNOWN_MODEL_SCOPES = frozenset({"openinference.instrumentation.autogen_agentchat"})
+
+
+def request_model(attrs: dict, scope: str | None = None) -> str | None:
+    """The model the agent asked for (`gpt-4o-mini`), what users filter on; the
+    response names a dated one (`gpt-4o-mini-2024-07-18`). OpenInference keeps the
+    request's in `llm.invocation_parameters` (JSON) and, for most of its
+    instrumentors, the answer's in `llm.model_name`."""
+    if scope in UNKNOWN_MODEL_SCOPES:
+        return None
+    m = _first(attrs, "gen_ai.request.model", "llm.request.model")
+    if m is None and scope in REQUEST_MODEL_SCOPES:
+        m = attrs.get("llm.model_name")
+    if m is None and isinstance(params := attrs.get("llm.invocation_parameters"), str) and '"model"' in params:
+        try:
+            m = json.loads(params).get("model")
+        except (json.JSONDecodeError, AttributeError):
+            m = None
+    return m if isinstance(m, str) and m else None
+
+
+def response_model(attrs: dict, scope: str | None = None) -> str | None:
+    if scope in UNKNOWN_MODEL_SCOPES:
+        return None
+    m = _first(attrs, "gen_ai.response.model", "llm.response.model")
+    if m is None and scope not in REQUEST_MODEL_SCOPES:
+        m = attrs.get("llm.model_name")
+    return m if isinstance(m, str) and m else None
 
 
 def _float(v: Any) -> float | None:
@@ -273,6 +331,19 @@ def _missing(call: Call | None) -> bool:
     return no_out and no_in
 
 
+#: Attributes a span carries when its instrumentation was told not to record content.
+_CAPTURE_OFF_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt",
+                     "llm.usage.prompt_tokens", "gen_ai.response.model", "gen_ai.request.model", "llm.model_name")
+
+
+def _no_content_expected(attrs: dict) -> bool:
+    """A known instrumentation with content capture off: it still records the model
+    and the token counts. That is `content_missing`, not an unknown layout."""
+    return any(k in attrs for k in _CAPTURE_OFF_KEYS) and not any(
+        k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.prompt", "gen_ai.completion", "llm.input_messages",
+                      "llm.output_messages", "input.value", "output.value")) for k in attrs)
+
+
 def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
     """The record of one call span (`row`: its columns; `attrs`: its attributes)."""
     flags: list[str] = []
@@ -295,7 +366,11 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         "openinference" if attrs.get("openinference.span.kind") else "unknown")
     for p in (call.problems if call else []):
         flags.append("invalid_content:" + p.split(":", 1)[0])
-    if _missing(call):
+    if call is None and not _no_content_expected(attrs):
+        # an LLM-kind span in a layout no reader knows (a framework release that
+        # changed its attributes): flagged and counted per instrumentation, never guessed at
+        flags.append("unknown_layout")
+    elif _missing(call):
         flags.append("content_missing")
     finish = (call.finish_reason if call else None) or normalize_finish_reason(
         _first(attrs, "gen_ai.response.finish_reasons", "llm.response.finish_reason"))
@@ -312,7 +387,10 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         "start_ns": row["start_ns"],
         "end_ns": row["end_ns"],
         "service_name": row["service_name"],
+        "scope": row.get("scope_name"),
         "model": _first(attrs, "gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "llm.response.model"),
+        "request_model": request_model(attrs, row.get("scope_name")),
+        "response_model": response_model(attrs, row.get("scope_name")),
         "provider": _first(attrs, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"),
         "policy_version": policy_version(_first(attrs, "gen_ai.response.model", "llm.response.model"),
                                          _first(attrs, "gen_ai.request.model", "llm.model_name")),
@@ -360,6 +438,87 @@ def dedupe(records: list[dict], outer_of: dict[str, str | None], counts: Counts)
             drop.add(r["span_id"])
         else:
             seen[k] = r
+    counts.duplicates += len(drop)
+    return [r for r in records if r["span_id"] not in drop]
+
+
+#: What a detached record brings to the framework's record of the same call: the wire's view.
+_WIRE_FIELDS = ("input_messages", "output_message", "tools", "finish_reason", "request_model", "response_model",
+                "model", "provider", "policy_version", "temperature", "completion_logprobs", "input_tokens",
+                "output_tokens", "response_id", "convention", "truncated", "flags", "_call")
+#: How far a client span may stick out of the framework span around it (clock reads differ).
+_SLACK_NS = 5_000_000
+
+
+def _texts(rec: dict) -> list:
+    return [m.get("content") for m in rec["input_messages"] or []]
+
+
+def _same_call(a: dict, b: dict) -> bool:
+    """Two records of one request: equal token counts where both have them, and equal
+    input texts where both have them; at least one of the two must be there."""
+    agree = 0
+    ta, tb = (a["input_tokens"], a["output_tokens"]), (b["input_tokens"], b["output_tokens"])
+    if None not in ta and None not in tb:
+        if ta != tb:
+            return False
+        agree += 1
+    xa, xb = _texts(a), _texts(b)
+    if any(x is not None for x in xa) and any(x is not None for x in xb):
+        if xa != xb:
+            return False
+        agree += 1
+    oa, ob = a["output_message"], b["output_message"]
+    if oa and ob and (oa.get("content") or None, [c.get("name") for c in oa.get("tool_calls") or []]) != (
+            ob.get("content") or None, [c.get("name") for c in ob.get("tool_calls") or []]):
+        return False
+    return agree > 0
+
+
+def merge_detached(records: list[dict], root_calls: set[str], counts: Counts) -> list[dict]:
+    """One call recorded by a framework span in the agent's trace and by a client
+    span that lost its parent (OpenInference's CrewAI event listener, LangChain with
+    the openai instrumentor) and became a trace of its own: the same service, the
+    client span inside the framework span's time, the same tokens or input. The
+    call keeps its place in the agent's trajectory with the client span's content
+    (what went over the wire), and the detached trace makes no trajectory."""
+    per_trace: dict[str, int] = defaultdict(int)
+    for r in records:
+        per_trace[r["trace_id"]] += 1
+    lone = [r for r in records if r["span_id"] in root_calls and per_trace[r["trace_id"]] == 1]
+    if not lone:
+        return records
+    hosts: dict[str | None, list[dict]] = defaultdict(list)
+    for r in records:
+        if r["span_id"] not in root_calls and r["start_ns"] is not None and r["end_ns"] is not None:
+            hosts[r["service_name"]].append(r)
+    for hs in hosts.values():
+        hs.sort(key=lambda r: r["start_ns"])
+    starts = {k: [h["start_ns"] for h in hs] for k, hs in hosts.items()}
+    drop: set[str] = set()
+    taken: set[str] = set()
+    for d in lone:
+        hs = hosts.get(d["service_name"])
+        if not hs or d["start_ns"] is None or d["end_ns"] is None:
+            continue
+        i = bisect.bisect_right(starts[d["service_name"]], d["start_ns"] + _SLACK_NS)
+        best = None
+        for h in reversed(hs[max(0, i - 64):i]):  # the nearest enclosing spans, a bounded look back
+            # one call recorded twice is recorded by two instrumentations: a host of the
+            # same scope is another call (concurrent rollouts of one prompt look alike)
+            if (h["trace_id"] != d["trace_id"] and h["scope"] != d["scope"] and h["span_id"] not in taken
+                    and h["end_ns"] + _SLACK_NS >= d["end_ns"]
+                    and _same_call(h, d) and (best is None or h["end_ns"] - h["start_ns"] < best["end_ns"] - best["start_ns"])):
+                best = h
+        if best is None:
+            continue
+        for f in _WIRE_FIELDS:
+            if f == "flags":
+                best["flags"] = [x for x in d["flags"] if x != "finish_reason_inferred" or not best["finish_reason"]]
+            elif d.get(f) not in (None, [], ""):
+                best[f] = d[f]
+        taken.add(best["span_id"])
+        drop.add(d["span_id"])
     counts.duplicates += len(drop)
     return [r for r in records if r["span_id"] not in drop]
 

@@ -62,7 +62,8 @@ class AdvantageConfig:
 @dataclass
 class TransformConfig:
     """`trajectory`: trace | conversation (calls sharing `gen_ai.conversation.id` /
-    `session.id` across traces form one trajectory). `group_by`: what makes two
+    `session.id` across traces form one trajectory) | linked (traces joined by
+    span links form one: AutoGen teams without a span around `team.run()`). `group_by`: what makes two
     trajectories the same task: first_user_message | conversation | attribute:<key> |
     none. `settle`: a trajectory is built once nothing has arrived for it for this
     long (seconds; `10m` works). `agents_include`/`agents_exclude`: regexes on the
@@ -100,8 +101,8 @@ class TransformConfig:
             raise SettingsError(f"advantage.baseline must be one of {', '.join(BASELINES)}, got {self.advantage.baseline!r}")
         if self.advantage.weighting not in WEIGHTINGS:
             raise SettingsError(f"advantage.weighting must be one of {', '.join(WEIGHTINGS)}")
-        if self.trajectory not in ("trace", "conversation"):
-            raise SettingsError(f"trajectory must be trace or conversation, got {self.trajectory!r}")
+        if self.trajectory not in ("trace", "conversation", "linked"):
+            raise SettingsError(f"trajectory must be trace, conversation or linked, got {self.trajectory!r}")
         g = self.group_by
         if g not in ("first_user_message", "conversation", "none") and not g.startswith("attribute:"):
             raise SettingsError(f"group_by must be first_user_message, conversation, none or attribute:<key>, got {g!r}")

@@ -159,6 +159,29 @@ def _oi_message(d: dict[str, Any]) -> dict:
                    tool_call_id=d.get("message.tool_call_id"))
 
 
+def _oi_messages(d: dict[str, Any]) -> list[dict]:
+    """One indexed input message, or the tool messages it stands for: OpenInference's
+    AutoGen instrumentor records a turn of tool results as role `function` with each
+    result a JSON object in `function.<k>` (`content`, `call_id`, `name`), where the
+    request sent one `tool` message per result."""
+    results = [d[k] for k in sorted((k for k in d if k.startswith("function.") and k[9:].isdigit()),
+                                    key=lambda k: int(k[9:]))]
+    if d.get("message.role") != "function" or not results:
+        return [_oi_message(d)]
+    out = []
+    for r in results:
+        try:
+            r = json.loads(r) if isinstance(r, str) else r
+        except json.JSONDecodeError:
+            r = None
+        if not isinstance(r, dict):
+            return [_oi_message(d)]
+        content = r.get("content")
+        out.append(message("tool", content if isinstance(content, str) or content is None else json.dumps(content),
+                           tool_call_id=r.get("call_id") or r.get("tool_call_id")))
+    return out
+
+
 def read_openinference(attrs: dict[str, Any]) -> Call | None:
     ins = indexed(attrs, "llm.input_messages")
     outs = indexed(attrs, "llm.output_messages")
@@ -167,7 +190,7 @@ def read_openinference(attrs: dict[str, Any]) -> Call | None:
     if not ins and not outs and attrs.get("openinference.span.kind") != "LLM":
         return None
     call = Call("openinference")
-    call.input_messages = [_oi_message(d) for d in ins]
+    call.input_messages = [m for d in ins for m in _oi_messages(d)]
     call.output_message = _oi_message(outs[0]) if outs else None
     if not ins and "input.value" in attrs:  # messages hidden or dropped: the raw request
         try:
@@ -190,6 +213,11 @@ def read_openinference(attrs: dict[str, Any]) -> Call | None:
         except json.JSONDecodeError as e:
             call.problems.append(f"tool schema: {e}")
     call.finish_reason = call.finish_reason or normalize_finish_reason(attrs.get("llm.finish_reason"))
+    if call.finish_reason is None and isinstance(out := attrs.get("output.value"), str) and '"finish_reason"' in out:
+        try:  # a framework's own result object (AutoGen's CreateResult: `function_calls` | `stop`)
+            call.finish_reason = normalize_finish_reason(json.loads(out).get("finish_reason"))
+        except (json.JSONDecodeError, AttributeError):
+            pass
     return call
 
 

@@ -21,6 +21,7 @@ _FINISH = {
     "stop": "stop", "end_turn": "stop", "stop_sequence": "stop", "eos": "stop", "complete": "stop",
     "length": "length", "max_tokens": "length", "max_output_tokens": "length",
     "tool_call": "tool_call", "tool_calls": "tool_call", "function_call": "tool_call", "tool_use": "tool_call",
+    "function_calls": "tool_call",  # AutoGen's CreateResult
     "content_filter": "content_filter", "safety": "content_filter", "recitation": "content_filter",
     "error": "error",
 }
@@ -50,6 +51,11 @@ def normalize_finish_reason(value: Any) -> str | None:
 
 def message(role: str, content: str | None = None, *, name: str | None = None,
             tool_calls: list[dict] | None = None, tool_call_id: str | None = None) -> dict:
+    """`developer` is OpenAI's name for the system prompt of its newer models (and
+    what some instrumentations write for a system message that went out as
+    `system`); chat templates know `system`, so that is what a row says."""
+    if role == "developer":
+        role = "system"
     return {"role": role, "content": content, "name": name, "tool_calls": tool_calls or [], "tool_call_id": tool_call_id}
 
 
