@@ -53,7 +53,7 @@ class Producer:
     scenarios: tuple[str, ...]
     env_vars: dict[str, str] = field(default_factory=dict)
     records_tools: bool = True  # the package records the tools offered
-    model_from: str = "response"  # which model name the package records
+    model_from: str = "response"  # which model name the package records: response, request, none (neither)
     agents: dict[str, list[str | None]] = field(default_factory=dict)  # scenario -> agent per call
     flags: tuple[str, ...] = ()  # flags every row of this producer must carry
 
@@ -89,6 +89,23 @@ PRODUCERS: dict[str, Producer] = {
                               flags=("finish_reason_inferred",)),
     # The same with the openai client instrumented too: every call recorded twice, a
     # `ChatCompletion` span inside each `generation` span; the inner one must win.
+    # --- agent frameworks (issue 15): each call's agent is the name the program gave it ---
+    # OpenInference's AutoGen instrumentor alone records AutoGen's objects, not the request (gaps below).
+    "autogen_oi": Producer("autogen_openinference", "autogen_app", False, "openinference", ("assistant", "roundrobin"),
+                           {"AUTOGEN_INSTRUMENT": "autogen"}, records_tools=False, model_from="none"),
+    # ... with the openai client instrumented too: each call twice, nested; the client span wins.
+    "autogen_oi_openai": Producer("autogen_openinference_openai", "autogen_app", False, "openinference",
+                                  ("assistant", "roundrobin"), {"AUTOGEN_INSTRUMENT": "autogen,openai"}),
+    # AutoGen's own GenAI agent spans, the calls from the openai instrumentor.
+    "autogen_genai": Producer("autogen_genai_openai", "autogen_app", False, "openinference", ("assistant", "roundrobin"),
+                              {"AUTOGEN_INSTRUMENT": "openai"}),
+    "crewai_oi": Producer("crewai_openinference", "crewai_app", False, "openinference", ("crew", "tool"),
+                          {"CREWAI_INSTRUMENT": "openinference"}),
+    # OpenInference's event-listener mode: the client span is the root of a trace of its own.
+    "crewai_oi_events": Producer("crewai_openinference", "crewai_app", False, "openinference", ("crew", "tool"),
+                                 {"CREWAI_INSTRUMENT": "openinference", "CREWAI_OI_EVENT_LISTENER": "1"}),
+    "crewai_openllmetry": Producer("crewai_openllmetry", "crewai_app", False, "otel_genai", ("crew", "tool"),
+                                   {"CREWAI_INSTRUMENT": "openllmetry"}),
     "openai_agents_double": Producer("openai_agents_openinference", "openai_agents_app", False, "openinference",
                                      ("tool_loop", "three_agents"), {"ALSO_INSTRUMENT_OPENAI": "1"},
                                      agents=SDK_AGENTS),
@@ -97,7 +114,18 @@ PRODUCERS: dict[str, Producer] = {
 #: (producer, scenario or "*") -> {checked field: why the transform gets it wrong}.
 #: Empty: the openai-agents `generation` spans' missing finish reason is now inferred
 #: from the output message (and flagged `finish_reason_inferred`).
-KNOWN_GAPS: dict[tuple[str, str], dict[str, str]] = {}
+KNOWN_GAPS: dict[tuple[str, str], dict[str, str]] = {
+    ("autogen_oi", "*"): {
+        "provider": "OpenInference's AutoGen spans name no provider",
+        "request_model": "llm.model_name is AutoGen's own lookup of the requested model (gpt-4o -> gpt-4o-2024-08-06), "
+                         "neither the request's nor the response's: left null",
+    },
+    ("autogen_genai", "roundrobin"): {
+        "trajectories": "without a span around team.run(), AutoGen starts a trace per runtime message; "
+                        "`transform.trajectory: linked` joins them (tests/test_framework_recordings.py)",
+        "trace": "as trajectories", "steps": "as trajectories", "num_steps": "as trajectories",
+    },
+}
 
 CASES = [(p, s) for p, prod in PRODUCERS.items() for s in prod.scenarios]
 
@@ -184,7 +212,10 @@ class Checks:
             self.failures.setdefault(what, []).append(msg)
 
 
-def check_rows(df: pl.DataFrame, calls: list[dict], producer: Producer, scenario: str, service: str) -> Checks:
+def check_rows(df: pl.DataFrame, calls: list[dict], producer: Producer, scenario: str, service: str,
+               agents: list[str | None] | None = None) -> Checks:
+    """`agents`: the agent of each call as the program named it (framework programs
+    report it), when the producer does not list it."""
     c = Checks()
     c.eq("rows", df.height, len(calls))
     if df.height != len(calls):
@@ -194,7 +225,7 @@ def check_rows(df: pl.DataFrame, calls: list[dict], producer: Producer, scenario
     c.eq("trace", df["trace_id"].n_unique(), 1)
     c.eq("steps", df["step"].to_list(), list(range(len(calls))))
     c.eq("num_steps", df["num_steps"].to_list(), [len(calls)] * len(calls))
-    c.eq("agent_name", df["agent_name"].to_list(), producer.agents[scenario])
+    c.eq("agent_name", df["agent_name"].to_list(), producer.agents[scenario] if scenario in producer.agents else agents)
     for i, (row, call) in enumerate(zip(df.iter_rows(named=True), calls)):
         at = f"call {i}: "
         req, resp = call["request"], call["response"]
@@ -202,7 +233,8 @@ def check_rows(df: pl.DataFrame, calls: list[dict], producer: Producer, scenario
         c.eq("convention", row["convention"], producer.convention, at)
         c.eq("service_name", row["service_name"], service, at)
         c.eq("provider", row["provider"], "openai", at)
-        c.eq("model", row["model"], resp["model"] if producer.model_from == "response" else req["model"], at)
+        if producer.model_from != "none":
+            c.eq("model", row["model"], resp["model"] if producer.model_from == "response" else req["model"], at)
         c.eq("request_model", row["request_model"], req["model"], at)
         c.eq("response_model", row["response_model"], resp["model"] if producer.model_from == "response" else None, at)
         c.eq("input_tokens", row["input_tokens"], resp["usage"]["prompt_tokens"], at)
@@ -253,7 +285,7 @@ def check_rows(df: pl.DataFrame, calls: list[dict], producer: Producer, scenario
                     names.append((t.get("function") or t).get("name"))
             except (json.JSONDecodeError, AttributeError) as e:
                 names = [f"unreadable tools {row['tools']!r}: {e}"]
-            c.eq("tools", names, [TOOL_NAME], at)
+            c.eq("tools", names, [t["function"]["name"] for t in req["tools"]], at)
         elif not req.get("tools"):
             c.eq("tools", row["tools"], None, at)
     return c
@@ -358,7 +390,7 @@ def test_live_instrumentation(producer_name, scenario, live):
     # This case's rows: those of its traces (told apart by the spans' resource, not by
     # the transform's service_name column, which is checked).
     df = live.transitions.filter(pl.col("trace_id").is_in(live.traces_of.get(run.service, [])))
-    checks = check_rows(df, run.calls, producer, scenario, run.service)
+    checks = check_rows(df, run.calls, producer, scenario, run.service, result.get("agents"))
     gaps = {**KNOWN_GAPS.get((producer_name, "*"), {}), **KNOWN_GAPS.get((producer_name, scenario), {})}
     unexpected = {k: v for k, v in checks.failures.items() if k not in gaps}
     fixed = [k for k in gaps if k not in checks.failures]
