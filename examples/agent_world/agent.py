@@ -41,9 +41,12 @@ def main() -> int:
     tracer = trace.get_tracer("world-agent")
     rng = random.Random(args.seed)
 
+    calls = [args.seed * 1_000_003]
+
     def chat(messages: list[dict]) -> dict:
+        calls[0] += 1  # a seed per request: a run is reproducible, and its samples still differ call to call
         r = client.chat.completions.create(model=model, messages=messages, tools=world.TOOLS,
-                                           temperature=args.temperature, max_tokens=48)
+                                           temperature=args.temperature, max_tokens=48, seed=calls[0])
         m = r.choices[0].message
         return {"content": m.content, "tool_calls": [
             {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}

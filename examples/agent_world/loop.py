@@ -155,8 +155,10 @@ def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, serv
                   "tensorboard": False, "sft": {"threshold": 0.5}, "tools_fallback": str(tools), **train},
         "nightly": {"vllm_url": server.url, "name": name, "stable_name": name, "keep": 2,
                     # a night's demo logs are small: a 95 % bound on 30 held-out episodes blocks
-                    # even good candidates, so the world asks the gate for 80 % confidence
-                    "gate": {"samples": 48, "ranking_confidence": 0.8}, **(nightly or {})},
+                    # even good candidates, so the world asks the gate for 80 % confidence; and
+                    # 96 generation samples (with 48, good candidates' validity moved 2-6 points
+                    # by chance, against a 5-point margin)
+                    "gate": {"samples": 96, "ranking_confidence": 0.8}, **(nightly or {})},
     }
     if checker_episodes > 0:
         cfg["nightly"].setdefault("gate", {})["command"] = " ".join(shlex.quote(a) for a in (
