@@ -16,12 +16,16 @@ Reads every widely used layout: OpenTelemetry GenAI (span attributes and log
 events, both generations), OpenInference, OpenLLMetry before and after 0.55,
 Agent Lightning. Rewards come from span attributes (agentlightning.reward.*,
 OpenInference annotations, keys you name), from feedback (POST /v1/feedback,
-`nightshift feedback FILE`), and from your reward functions (module:function)."""
+`nightshift feedback FILE`), and from your reward functions (module:function).
+
+The summary counts calls per instrumentation; a call recorded twice (a framework
+span and a client span, even in two traces) is one row; a call in a layout no
+reader knows is left out and reported with an example span id."""
 
 EPILOG = """YAML section `transform:` (and top-level `data:`), e.g.:
 
   transform:
-    trajectory: trace          # or conversation (gen_ai.conversation.id / session.id)
+    trajectory: trace          # or conversation (gen_ai.conversation.id / session.id), or linked (span links)
     group_by: first_user_message   # conversation | attribute:<key> | none
     settle: 10m
     agents_include: "writer|rewriter"
