@@ -63,6 +63,7 @@ class Summary:
     bad_rewards: int = 0  # reward values that were not finite numbers
     dropped_by_agent: int = 0
     duplicates: int = 0
+    no_request: int = 0
     flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     content_missing: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     partitions: list[str] = field(default_factory=list)
@@ -88,6 +89,8 @@ class Summary:
             out.append(f"rows left out by agent selection: {self.dropped_by_agent}")
         if self.duplicates:
             out.append(f"spans recording a call already seen (double instrumentation): {self.duplicates}")
+        if self.no_request:
+            out.append(f"LLM-kind spans that sent no request (left out): {self.no_request}")
         if self.bad_rewards:
             out.append(f"reward values ignored (not finite numbers): {self.bad_rewards}")
         if self.reward_errors:
@@ -349,6 +352,9 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         rec = C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, []))
         rec["_call"] = i
         unreadable = "unknown_layout" in rec["flags"]
+        if not unreadable and C.made_no_request(rec, row):
+            ctx.counts.no_request += 1
+            continue
         ctx.counts.saw(row.get("scope_name"), not unreadable, row["span_id"])
         if not unreadable:  # never a row whose content was guessed at
             records.append(rec)
@@ -627,6 +633,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary.duplicates = ctx.counts.duplicates
+    summary.no_request = ctx.counts.no_request
     summary.by_instrumentation = ctx.counts.by_scope
     summary.bad_rewards = ctx.counts.bad_rewards
     summary.seconds = time.perf_counter() - t0

@@ -55,6 +55,7 @@ class Counts:
     spans: int = 0
     calls_seen: int = 0
     duplicates: int = 0
+    no_request: int = 0  # LLM-kind spans that sent no request
     content_missing: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     flagged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     bad_rewards: int = 0
@@ -72,6 +73,7 @@ class Counts:
         self.spans += other.spans
         self.calls_seen += other.calls_seen
         self.duplicates += other.duplicates
+        self.no_request += other.no_request
         self.bad_rewards += other.bad_rewards
         for k, v in other.content_missing.items():
             self.content_missing[k] += v
@@ -210,9 +212,10 @@ def policy_version(*models: Any) -> str | None:
 
 
 #: Instrumentations whose `llm.model_name` is the model the agent configured, not
-#: the one that answered (OpenInference's Agents-SDK bridge reads the agent's
-#: settings; its openai instrumentor reads the response).
-REQUEST_MODEL_SCOPES = frozenset({"openinference.instrumentation.openai_agents"})
+#: the one that answered (OpenInference's Agents-SDK bridge and LlamaIndex
+#: instrumentor read the agent's settings; its openai instrumentor reads the response).
+REQUEST_MODEL_SCOPES = frozenset({"openinference.instrumentation.openai_agents",
+                                  "openinference.instrumentation.llama_index"})
 #: ... and those whose `llm.model_name` is neither: OpenInference's AutoGen instrumentor
 #: records AutoGen's own table lookup of the request's model (`gpt-4o` -> `gpt-4o-2024-08-06`
 #: whatever answered). Both columns stay null; `model` keeps what the span says.
@@ -342,6 +345,17 @@ def _no_content_expected(attrs: dict) -> bool:
     return any(k in attrs for k in _CAPTURE_OFF_KEYS) and not any(
         k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.prompt", "gen_ai.completion", "llm.input_messages",
                       "llm.output_messages", "input.value", "output.value")) for k in attrs)
+
+
+def made_no_request(rec: dict, row: dict) -> bool:
+    """An LLM-kind span that sent nothing: no messages either way, no token counts,
+    no response id (LlamaIndex's `_prepare_chat_with_tools`, which only builds the
+    request the next span sends). Not a GenAI inference span (the convention makes
+    one per request: with capture off it is a call without content), nor one whose
+    attributes were dropped."""
+    return (not row.get("gen_ai_operation_name") and not rec["truncated"] and not rec["input_messages"]
+            and rec["output_message"] is None and rec["input_tokens"] is None and rec["output_tokens"] is None
+            and not rec["response_id"])
 
 
 def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:

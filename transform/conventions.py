@@ -112,13 +112,14 @@ def read_genai(attrs: dict[str, Any]) -> Call | None:
         return None
     call = Call("otel_genai")
     try:
+        msgs = from_genai_messages(attrs["gen_ai.input.messages"]) if "gen_ai.input.messages" in attrs else []
         system = attrs.get("gen_ai.system_instructions")
-        if system is not None:
-            s = from_system_instructions(system)
-            if s is not None:
-                call.input_messages.append(s)
-        if "gen_ai.input.messages" in attrs:
-            call.input_messages += from_genai_messages(attrs["gen_ai.input.messages"])
+        s = from_system_instructions(system) if system is not None else None
+        # the convention keeps the system prompt apart; OpenLIT and the openai-agents-v2
+        # instrumentation record it in both places: once is what was sent
+        if s is not None and not any(m["role"] == "system" and m["content"] == s["content"] for m in msgs):
+            call.input_messages.append(s)
+        call.input_messages += msgs
     except MessageError as e:
         call.problems.append(f"input messages: {e}")
     try:

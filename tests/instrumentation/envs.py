@@ -166,7 +166,9 @@ def ensure(name: str, tool: str | None = None) -> Path:
             _run([str(python_of(name)), "-m", "pip", "install", "--quiet", "-r", req], f"{name}: pip install -r {req}")
         mods = imports_of(name)
         if mods:
-            _run([str(python_of(name)), "-c", "import " + ", ".join(mods)], f"{name}: import check ({', '.join(mods)})")
+            # -P: the cache folder is the working directory, and an environment's folder
+            # named like a package (`logfire/`) would shadow it
+            _run([str(python_of(name)), "-P", "-c", "import " + ", ".join(mods)], f"{name}: import check ({', '.join(mods)})")
         stamp.write_text(want)
     return python_of(name)
 
