@@ -39,7 +39,7 @@ from .rewards import Observation, Trajectory, call_function, from_span, load_fun
 log = logging.getLogger("nightshift.transform")
 
 SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
-                "service_name", "gen_ai_operation_name", "gen_ai_agent_name", "gen_ai_conversation_id",
+                "service_name", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_agent_name", "gen_ai_conversation_id",
                 "scope_name", "attributes", "events", "links", "dropped_attributes_count"]
 #: Peak process bytes per uncompressed byte of the span columns read: the Arrow
 #: columns, the calls' attributes as Python objects, and the rows built from them.

@@ -44,10 +44,22 @@ _CLASSIFY_KEYS = {
     "tl_name": ("traceloop.entity.name",),
     "agent_attr": ("agent.name", "recipient_agent_type", "langchain.chain.type", "executor.id"),
     "oi_agent": ("agent.name", "graph.node.id"),
+    # LangChain/LangGraph run metadata: OpenInference keeps it as one JSON attribute,
+    # OpenLLMetry as association properties.
+    "oi_metadata": ("metadata",),
+    "tl_lg_node": ("traceloop.association.properties.langgraph_node",),
+    "tl_lc_agent": ("traceloop.association.properties.lc_agent_name",),
+    "tl_integration": ("traceloop.association.properties.ls_integration",),
     "session": ("session.id", "conversation.id", "traceloop.association.properties.session_id"),
     "token_ids": ("response_token_ids",),
 }
 _REDACTED = "__REDACTED__"
+#: The nodes LangGraph's prebuilt agents give themselves (`create_react_agent`: agent,
+#: tools; LangChain 1.x `create_agent`: model, tools): not the user's name for the
+#: agent, which is the name given to the prebuilt (the graph's name, or `lc_agent_name`).
+LANGGRAPH_INTERNAL_NODES = ("agent", "model", "tools")
+#: What LangGraph calls a graph compiled without a name: not a name the user gave.
+LANGGRAPH_DEFAULT_NAME = "LangGraph"
 
 
 @dataclass
@@ -113,6 +125,7 @@ def classify(df: pl.DataFrame, user_reward_keys: tuple[str, ...], group_attr: st
     op = df["gen_ai_operation_name"]
     name = df["name"].fill_null("")
     base = pl.DataFrame({"op": op, "name": name, "genai_agent": df["gen_ai_agent_name"],
+                         "provider": df["gen_ai_provider_name"],
                          "conv": df["gen_ai_conversation_id"]}).hstack(cols.drop("row"))
     is_call = (
         pl.when(pl.col("op").is_not_null()).then(pl.col("op").is_in(sorted(INFERENCE_OPERATIONS)))
@@ -127,14 +140,18 @@ def classify(df: pl.DataFrame, user_reward_keys: tuple[str, ...], group_attr: st
     # without a name does not count: the call's agent is then the nearest named one above.
     semconv_name = (pl.when(pl.col("name").str.starts_with("invoke_agent "))
                     .then(pl.col("name").str.splitn(" ", 2).struct.field("field_1")))
+    genai_agent = pl.coalesce(pl.col("genai_agent"), semconv_name)
+    # OpenLLMetry names a graph's `invoke_agent` span after the graph: unnamed, "LangGraph".
+    genai_agent = pl.when((genai_agent == LANGGRAPH_DEFAULT_NAME) & (pl.col("provider") == "langgraph")).then(None) \
+        .otherwise(genai_agent)
     agent = (
-        pl.when(pl.col("op").is_in(sorted(AGENT_OPERATIONS)))
-        .then(pl.coalesce(pl.col("genai_agent"), semconv_name))
+        pl.when(pl.col("op").is_in(sorted(AGENT_OPERATIONS))).then(genai_agent)
         .when(pl.col("oi_kind") == "AGENT").then(pl.col("oi_agent"))
         .when(pl.col("tl_kind") == "agent").then(pl.col("tl_name"))
         .when(pl.col("op").is_null() & (pl.col("oi_kind").is_null() | (pl.col("oi_kind") != "LLM")))
         .then(pl.col("agent_attr"))
     )
+    agent = pl.coalesce(agent, _langgraph_agent())
     out = base.select(
         is_call.fill_null(False).alias("is_call"),
         agent.alias("agent"),
@@ -143,6 +160,23 @@ def classify(df: pl.DataFrame, user_reward_keys: tuple[str, ...], group_attr: st
         (pl.col("group_attr") if group_attr else pl.lit(None, pl.String)).alias("group_attr"),
     )
     return out.with_columns(pl.when(pl.col("is_call")).then(None).otherwise(pl.col("agent")).alias("agent"))
+
+
+def _langgraph_agent() -> pl.Expr:
+    """The agent a LangChain/LangGraph span runs in, from the run metadata both
+    instrumentations copy onto every span of a node: `lc_agent_name` (LangChain 1.x
+    agents), else the graph node (`langgraph_node`) unless it is a prebuilt agent's
+    own node, else, on OpenInference's span of a compiled graph's own run (metadata
+    `ls_integration: langgraph`, no node: the span is named after the run, which is
+    the name the user compiled the graph or prebuilt agent with), that name."""
+    meta = pl.col("oi_metadata")
+    node = pl.coalesce(pl.col("tl_lg_node"), meta.str.json_path_match("$.langgraph_node"))
+    lc_agent = pl.coalesce(pl.col("tl_lc_agent"), meta.str.json_path_match("$.lc_agent_name"))
+    integration = pl.coalesce(pl.col("tl_integration"), meta.str.json_path_match("$.ls_integration"))
+    graph_run = (pl.when(pl.col("oi_kind").is_not_null() & (integration == "langgraph") & node.is_null()
+                         & (pl.col("name") != LANGGRAPH_DEFAULT_NAME) & (pl.col("name") != ""))
+                 .then(pl.col("name")))
+    return pl.coalesce(lc_agent, pl.when(~node.is_in(LANGGRAPH_INTERNAL_NODES)).then(node), graph_run)
 
 
 def ancestry(df: pl.DataFrame, cls: pl.DataFrame, max_depth: int = 64) -> pl.DataFrame:
