@@ -69,7 +69,6 @@ GAPS: dict[str, dict[str, str]] = {
         "output_tokens": "as input_tokens",
     },
     "openlit/zero_code/tool_loop": {
-        "tools": "OpenLIT records the tools offered only on its log event, which the build does not read yet",
         "flags": "OpenLIT leaves the assistant's tool-call turn out of the next call's history: rebuilt, flagged history_rebuilt",
     },
     "crewai/openllmetry/tool": {"input_name": "OpenLLMetry's tool_call_response parts have no place for the tool's name"},

@@ -48,7 +48,7 @@ TOOL_NAME = "get_weather"
 class Producer:
     env: str  # side virtualenv (requirements/<env>.txt)
     program: str  # agents/<program>.py
-    zero_code: bool  # run under `opentelemetry-instrument`
+    zero_code: bool  # run under `opentelemetry-instrument` (or `launcher`)
     convention: str  # expected `convention` column
     scenarios: tuple[str, ...]
     env_vars: dict[str, str] = field(default_factory=dict)
@@ -56,6 +56,7 @@ class Producer:
     model_from: str = "response"  # which model name the package records: response, request, none (neither)
     agents: dict[str, list[str | None]] = field(default_factory=dict)  # scenario -> agent per call
     flags: tuple[str, ...] = ()  # flags every row of this producer must carry
+    launcher: str = "opentelemetry-instrument"  # the zero-code wrapper
 
 
 ALL = ("one_call", "tool_loop", "three_agents")
@@ -116,6 +117,23 @@ PRODUCERS: dict[str, Producer] = {
                                       ("graph", "react", "react_unnamed", "create_agent")),
     "langgraph_openllmetry_openai": Producer("langgraph_openllmetry_openai", "langgraph_app", True, "otel_genai",
                                              ("graph", "react")),
+    # pydantic-ai's own instrumentation (`Agent.instrument_all()`), and through logfire.
+    "pydantic_ai": Producer("pydantic_ai", "pydantic_ai_app", False, "otel_genai", ("tool", "three_agents"),
+                            {"PYDANTIC_AI_INSTRUMENT": "builtin"}),
+    "pydantic_ai_logfire": Producer("pydantic_ai_logfire", "pydantic_ai_app", False, "otel_genai", ("tool", "three_agents"),
+                                    {"PYDANTIC_AI_INSTRUMENT": "logfire"}),
+    # LlamaIndex FunctionAgents (streamed and not) with OpenInference's instrumentor, which
+    # records only the requested model.
+    "llamaindex": Producer("llamaindex_openinference", "llamaindex_app", False, "openinference",
+                           ("function_agent", "function_agent_nostream"), model_from="request"),
+    # OpenLIT's zero-code launcher on the plain client.
+    "openlit": Producer("openlit", "plain_openai", True, "otel_genai", ALL, agents=PLAIN_AGENTS,
+                        launcher="openlit-instrument"),
+    # The Agents SDK through OpenTelemetry's own openai-agents-v2 bridge, span-only content.
+    # Its chat spans record neither the response's model, nor finish reasons, nor the tools offered.
+    "openai_agents_otel": Producer("openai_agents_otel_v2", "openai_agents_otel_app", False, "otel_genai", ALL,
+                                   records_tools=False, model_from="request", agents=SDK_AGENTS,
+                                   flags=("finish_reason_inferred",)),
     "openai_agents_double": Producer("openai_agents_openinference", "openai_agents_app", False, "openinference",
                                      ("tool_loop", "three_agents"), {"ALSO_INSTRUMENT_OPENAI": "1"},
                                      agents=SDK_AGENTS),
@@ -129,6 +147,19 @@ KNOWN_GAPS: dict[tuple[str, str], dict[str, str]] = {
         "provider": "OpenInference's AutoGen spans name no provider",
         "request_model": "llm.model_name is AutoGen's own lookup of the requested model (gpt-4o -> gpt-4o-2024-08-06), "
                          "neither the request's nor the response's: left null",
+    },
+    ("llamaindex", "*"): {
+        "agent_name": "LlamaIndex records the agent's name only as text (current_agent_name='...') in a parent "
+                      "span's input.value, in no attribute: left null",
+    },
+    ("llamaindex", "function_agent"): {
+        "input_tokens": "a streamed answer carries no usage unless the client asks (stream_options.include_usage); "
+                        "LlamaIndex does not",
+        "output_tokens": "as input_tokens",
+    },
+    ("openlit", "tool_loop"): {
+        "flags": "OpenLIT leaves the assistant's tool-call turn out of the next call's history: rebuilt, flagged "
+                 "history_rebuilt",
     },
     ("autogen_genai", "roundrobin"): {
         "trajectories": "without a span around team.run(), AutoGen starts a trace per runtime message; "
@@ -170,7 +201,7 @@ def run_agent(producer: Producer, python: Path, scenario: str, endpoint: str, st
     })
     cmd = [str(python), str(AGENTS / f"{producer.program}.py"), scenario]
     if producer.zero_code:
-        cmd = [str(python.parent / "opentelemetry-instrument"), *cmd]
+        cmd = [str(python.parent / producer.launcher), *cmd]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=str(AGENTS))
 
 

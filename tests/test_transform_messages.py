@@ -105,3 +105,34 @@ def test_messages_fit_the_transitions_schema():
         assert col in schema.names, col
     tc = schema.field("output_message").type.field("tool_calls").type.value_type
     assert [f.name for f in tc] == ["id", "name", "arguments"]
+
+
+# What opentelemetry-instrumentation-openai-agents-v2 0.1.0 wrote for a tool-call answer and
+# for the tool result after it (span attributes of a live run, tests/test_instrumentation_live.py).
+OPENAI_AGENTS_V2_OUTPUT = (
+    '[{"role":"assistant","parts":[{"type":"text","content":"{\'content\': None, \'refusal\': None, \'role\': '
+    '\'assistant\', \'annotations\': None, \'audio\': None, \'function_call\': None, \'tool_calls\': [{\'id\': '
+    '\'call_07da\', \'function\': {\'arguments\': \'{\\"city\\": \\"Paris\\"}\', \'name\': \'get_weather\'}, '
+    '\'type\': \'function\'}]}"}]}]')
+OPENAI_AGENTS_V2_TOOL = (
+    '[{"role":"tool","parts":[{"type":"text","content":"{\\"sky\\": \\"sunny\\"}"},'
+    '{"type":"tool_call_response","id":"call_07da","result":"{\\"sky\\": \\"sunny\\"}"}]}]')
+
+
+def test_an_assistant_message_printed_as_the_clients_object_is_read_as_the_tool_call_it_was():
+    (out,) = from_genai_messages(OPENAI_AGENTS_V2_OUTPUT)
+    assert out["role"] == "assistant" and out["content"] is None
+    assert out["tool_calls"] == [{"id": "call_07da", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+
+
+@pytest.mark.parametrize("text", ["{'content': 'hi', 'role': 'assistant'}",  # not the client's full shape
+                                  "{'content': None, 'role': 'assistant', 'tool_calls': [], 'function_call': __import__('os')}",
+                                  "{'a': 1} 'tool_calls': "])
+def test_text_that_only_looks_like_a_printed_message_stays_text(text):
+    (out,) = from_genai_messages(json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}]))
+    assert out["content"] == text and out["tool_calls"] == []
+
+
+def test_a_tool_result_written_as_text_and_as_its_response_part_is_one_message():
+    (msg,) = from_genai_messages(OPENAI_AGENTS_V2_TOOL)
+    assert msg == {"role": "tool", "content": '{"sky": "sunny"}', "name": None, "tool_calls": [], "tool_call_id": "call_07da"}

@@ -22,7 +22,7 @@ import polars as pl
 
 from . import attrs as A
 from .classify import AGENT_OPERATIONS, INFERENCE_OPERATIONS
-from .conventions import Call, read_call, read_events
+from .conventions import Call, read_call, read_events, tools_from_events
 from .messages import MessageError, from_openai_messages, normalize_finish_reason
 from .rewards import AGL_SPAN_NAMES, CARRIER_KEYS, CARRIER_PREFIXES, from_span
 
@@ -405,6 +405,8 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
                 call.input_messages = call.input_messages or from_events.input_messages
                 call.output_message = call.output_message or from_events.output_message
                 call.finish_reason = call.finish_reason or from_events.finish_reason
+    if call is not None and not call.tools and events:
+        call.tools = tools_from_events(events) or []
     if call is None and any(k in attrs for k in TOKEN_KEYS):
         call = Call("agentlightning")
     if call is not None and call.convention == "openllmetry_legacy" and "response_token_ids" in attrs:

@@ -281,6 +281,31 @@ _ROLE_EVENTS = {
 DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 
 
+def tools_from_events(events: list[dict[str, Any]]) -> list | None:
+    """The tools offered, from the details event of a call whose span did not record
+    them (OpenLIT writes them only there, as the Python repr of a list: read with
+    `ast.literal_eval`, literals only, when it is not JSON)."""
+    for ev in events:
+        if ev.get("event_name") != DETAILS_EVENT:
+            continue
+        value = (ev.get("attributes") or {}).get("gen_ai.tool.definitions")
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                if not value.lstrip().startswith("[{'"):
+                    return None
+                import ast
+
+                try:
+                    value = ast.literal_eval(value)
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    return None
+        if isinstance(value, list) and all(isinstance(t, dict) for t in value):
+            return value
+    return None
+
+
 def read_events(events: list[dict[str, Any]]) -> Call | None:
     """The newer single `gen_ai.client.inference.operation.details` event (structured
     messages in its attributes or body), else the older per-message events

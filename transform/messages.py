@@ -120,11 +120,42 @@ def from_genai_message(m: Any) -> list[dict]:
             resp = p.get("response", p.get("result"))
             responses.append(message("tool", None if resp is None else _text(resp), tool_call_id=p.get("id")))
         # reasoning, blob, uri, file, server tool parts: not text the policy trains on
+    if responses and role == "tool":
+        # the result written twice, as text and as the response part (openai-agents-v2): once
+        answered = {r["content"] for r in responses}
+        texts = [t for t in texts if t not in answered]
+    if role == "assistant" and not calls and len(texts) == 1 and (found := _repr_message(texts[0])) is not None:
+        return [found]
     out: list[dict] = []
     if texts or calls or not responses:
         out.append(message(role, _join(texts), name=m.get("name"), tool_calls=calls))
     out.extend(responses)
     return out
+
+
+#: The keys of the openai client's `ChatCompletionMessage` as Python prints it.
+_REPR_KEYS = frozenset({"content", "role", "tool_calls", "function_call"})
+
+
+def _repr_message(text: str) -> dict | None:
+    """An assistant message that an instrumentation wrote as the Python repr of the
+    client's message object in a text part (opentelemetry-instrumentation-openai-agents-v2
+    0.1.0 does for every tool-call answer): the message it prints, exactly. Read with
+    `ast.literal_eval` (literals only, nothing runs), and only for that exact shape."""
+    if not text.startswith("{'") or "'tool_calls': " not in text:
+        return None
+    import ast
+
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not _REPR_KEYS <= value.keys() or value.get("role") != "assistant":
+        return None
+    try:
+        return from_openai_message(value)
+    except MessageError:
+        return None
 
 
 def from_genai_messages(value: Any) -> list[dict]:

@@ -7,7 +7,9 @@
 Every answer carries `id`, `model` (the requested model with a date suffix, as
 OpenAI answers) and `usage`, all derived from the request, and is recorded in
 `StubOpenAI.calls` so tests can compare what the instrumentations saw with what
-was really sent and answered. Streaming is not supported (the agents don't use it).
+was really sent and answered. `stream: true` gets the same answer as server-sent
+chunks, as OpenAI streams it (role, then content or the tool call's name and its
+arguments in pieces, then the finish reason, then usage when `stream_options.include_usage`).
 
 Run alone for manual poking: `python stub_openai.py [port]`.
 """
@@ -81,6 +83,31 @@ def answer(req: dict) -> dict:
     }
 
 
+def chunks(req: dict, resp: dict) -> list[dict]:
+    """`resp` as the `chat.completion.chunk`s OpenAI streams it in."""
+    choice = resp["choices"][0]
+    msg = choice["message"]
+    head = {k: resp[k] for k in ("id", "created", "model", "system_fingerprint")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: dict, finish=None) -> dict:
+        return head | {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": "" if not msg.get("tool_calls") else None})]
+    for i, call in enumerate(msg.get("tool_calls") or []):
+        out.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                          "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+        args = call["function"]["arguments"]
+        for a in range(0, len(args), 8):
+            out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": args[a:a + 8]}}]}))
+    text = msg.get("content") or ""
+    for a in range(0, len(text), 12):
+        out.append(chunk({"content": text[a:a + 12]}))
+    out.append(chunk({}, choice["finish_reason"]))
+    if (req.get("stream_options") or {}).get("include_usage"):
+        out.append(head | {"choices": [], "usage": resp["usage"]})
+    return out
+
+
 @dataclass
 class StubOpenAI:
     host: str = "127.0.0.1"
@@ -125,13 +152,25 @@ class StubOpenAI:
                     stub.errors.append(f"bad json: {e}")
                     self._send(400, {"error": {"message": str(e), "type": "invalid_request_error"}})
                     return
-                if req.get("stream"):
-                    stub.errors.append("streaming requested")
-                    self._send(400, {"error": {"message": "stub: streaming unsupported", "type": "invalid_request_error"}})
-                    return
                 resp = answer(req)
                 stub.calls.append({"request": req, "response": resp})
-                self._send(200, resp)
+                if req.get("stream"):
+                    self._stream(chunks(req, resp))
+                else:
+                    self._send(200, resp)
+
+            def _stream(self, parts: list[dict]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for part in parts:
+                    self.wfile.write(f"data: {json.dumps(part)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
 
             def do_GET(self):  # noqa: N802
                 if self.path.rstrip("/").endswith("/models"):
