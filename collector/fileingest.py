@@ -34,6 +34,7 @@ log = logging.getLogger("nightshift.collector.ingest")
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK_RECORDS = 20_000
+CHUNK_BYTES = 8 << 20  # spans are gathered as serialized requests, converted a chunk at a time
 
 
 @dataclass
@@ -160,7 +161,7 @@ def ingest(paths: list[str], store: DatasetStore, redactor: Redactor, progress: 
                     stats.rejected += rej
                     redactor.redact("logs", msg, msg.SerializeToString())
                     lb.add_request(msg, received)
-                if len(sb) >= CHUNK_RECORDS:
+                if sb.nbytes >= CHUNK_BYTES:
                     spans_w.add(sb.table(), sb.dates)
                     sb = SpanBuilder()
                 if len(lb) >= CHUNK_RECORDS:

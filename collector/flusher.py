@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from . import failpoints, feedback, wal
 from .convert import LogBuilder, SpanBuilder
@@ -61,12 +60,13 @@ def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTE
             nonlocal sb, lb, fb, size
             for name, b in (("spans", sb), ("logs", lb), ("feedback", fb)):
                 if len(b):
-                    writers[name].add(b.table(), b.dates)
+                    table = b.table()
+                    writers[name].add(table, b.dates)
             sb, lb, fb, size = SpanBuilder(), LogBuilder(), FeedbackBuilder(), 0
 
         for kind, received, payload in wal.read_segment(path):
             if kind == wal.KIND_TRACES:
-                sb.add_request(ExportTraceServiceRequest.FromString(payload), received)
+                sb.add_payload(payload, received)  # converted column-wise, never parsed here
             elif kind == wal.KIND_LOGS:
                 lb.add_request(ExportLogsServiceRequest.FromString(payload), received)
             elif kind == wal.KIND_FEEDBACK:
