@@ -74,6 +74,7 @@ MB = 1 << 20
 T_ACK_PER_CORE = 100_000
 T_RAW_RATIO = 0.3
 T_PARQUET_PER_CORE = 50_000
+T_FLUSHER_PER_CORE = 40_000  # issue 16: spans per flusher CPU-second
 T_HALF_P99_MS = 20.0
 T_RSS_MB = 150.0
 T_RSS_RATE = 50_000
@@ -449,6 +450,49 @@ def sender_main(idx: int, transport: str, port: int, templates: list[Template], 
 # --------------------------------------------------------------------------------------
 # Raw loop: parse + append + fdatasync, nothing else
 # --------------------------------------------------------------------------------------
+
+
+def parquet_tradeoff(templates: list[Template], chunk_rows: int = 1536) -> list[str]:
+    """Write speed (MB of protobuf per CPU-second) against file size for the codecs
+    and levels worth considering, with the flusher's dictionary and statistics
+    columns, in row groups of a flush chunk's size: the measurement behind
+    `collector.datasets.PARQUET_OPTIONS`."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from nightshift.collector import datasets
+    from nightshift.collector.otlp_arrow import spans_table
+
+    payloads = [t.fresh(bytearray(t.data)) for t in templates]
+    spans_table(payloads[:1], [0])  # the converter is built on first use
+    t0 = time.process_time()
+    table = spans_table(payloads, [time.time_ns()] * len(payloads)).table
+    conv = time.process_time() - t0
+    raw = sum(len(p) for p in payloads)
+    out = [f"{table.num_rows:,} spans, {raw / 1e6:.0f} MB of protobuf; conversion to Arrow: "
+           f"{table.num_rows / conv:,.0f} spans per CPU-second"]
+    base = datasets.parquet_options(table.schema)
+    chosen = (datasets.PARQUET_OPTIONS["compression"], datasets.PARQUET_OPTIONS.get("compression_level"))
+    for codec, level in (("zstd", 1), ("zstd", 3), ("zstd", 6), ("snappy", None), ("lz4", None), ("none", None)):
+        opts = {**base, "compression": codec}
+        opts.pop("compression_level", None)
+        if level is not None:
+            opts["compression_level"] = level
+        best, size = float("inf"), 0
+        for _ in range(2):
+            buf = io.BytesIO()
+            t0 = time.process_time()
+            w = pq.ParquetWriter(buf, table.schema, **opts)
+            for i in range(0, table.num_rows, chunk_rows):
+                w.write_table(table.slice(i, chunk_rows))
+            w.close()
+            best, size = min(best, time.process_time() - t0), len(buf.getvalue())
+        name = codec + (f" {level}" if level is not None else "")
+        mark = "  <- the flusher's" if (codec, level) == chosen else ""
+        out.append(f"{name:8s} {raw / best / 1e6:6.0f} MB/s ({table.num_rows / best:8,.0f} spans/s)   "
+                   f"file {size / raw:.3f} of the protobuf{mark}")
+    return out
 
 
 def raw_loop(directory: Path, templates: list[Template], seconds: float, group: int) -> dict:
@@ -1072,6 +1116,10 @@ def main() -> int:
             say(f"  per core: {fmt(pc_all)} spans per collector CPU-second (receiver + flusher, {cpu_total:.1f} s); "
                 f"flusher alone {fmt(pc_f)} spans per CPU-second")
             say(f"    target >= {T_PARQUET_PER_CORE:,} per core: {verdict(pc_all >= T_PARQUET_PER_CORE)}")
+            say(f"    flusher target >= {T_FLUSHER_PER_CORE:,} per CPU-second: {verdict(pc_f >= T_FLUSHER_PER_CORE)}")
+        if drain1.done:
+            say(f"    sustained >= acknowledged ({fmt(full.rate)} spans/s, no growth of the log at full speed): "
+                f"{verdict(sustained >= full.rate)}")
 
         say()
         say(f"half load (target {fmt(half.target_rate)} spans/s = half the full-load rate, {args.senders} senders, open loop):")
@@ -1112,6 +1160,11 @@ def main() -> int:
             f"duplicates dropped {fmt(m_end.get('nightshift_duplicates_dropped', float('nan')))}, "
             f"flush errors {fmt(m_end.get('nightshift_flush_errors', float('nan')))}")
         say(f"  SIGTERM: exit code {rc} after {stop_s:.1f} s")
+
+        say()
+        say("Parquet codec trade-off (this run's spans converted once, written as the flusher writes them):")
+        for line in parquet_tradeoff(templates):
+            say("  " + line)
 
         say()
         say("summary:")

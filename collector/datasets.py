@@ -36,6 +36,52 @@ from nightshift.schemas import DATASETS
 
 EVICT_AFTER_S = 900.0
 
+#: How every dataset file is written, chosen by measurement on the ingest
+#: benchmark's spans (benchmarks/ingest.py prints the trade-off): zstd level 1
+#: writes 240 MB/s of spans to 0.28 of their protobuf size; level 3 is 20 % slower
+#: for 0.26, snappy 1.6x faster for 0.37. A flush chunk is one row group.
+PARQUET_OPTIONS = dict(compression="zstd", compression_level=1)
+ROW_GROUP_ROWS = 1 << 20
+#: Columns worth a dictionary: attribute keys and value types repeat on every row;
+#: message content never does, and trying costs 10 % of the write.
+_DICT_LEAVES = (".key", ".value.type")
+_DICT_COLUMNS = frozenset({"kind", "status_code", "service_name", "scope_name", "scope_version", "event_name",
+                           "severity_text", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model",
+                           "gen_ai_response_model", "gen_ai_agent_name", "source", "name"})
+#: Columns readers filter on get min/max statistics (row groups skipped by id,
+#: time, model); the large ones would only cost.
+_STATS_COLUMNS = frozenset({"trace_id", "span_id", "parent_span_id", "record_id", "label_id", "name", "kind",
+                            "start_time", "end_time", "time", "observed_time", "received_time", "status_code",
+                            "service_name", "scope_name", "event_name", "severity_number", "gen_ai_operation_name",
+                            "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_response_model", "gen_ai_agent_name",
+                            "gen_ai_conversation_id"})
+
+
+def parquet_options(schema: pa.Schema) -> dict:
+    """`PARQUET_OPTIONS` with the dictionary and statistics columns of `schema`."""
+    leaves = [p for p in _leaf_paths(schema)]
+    return {**PARQUET_OPTIONS,
+            "use_dictionary": [p for p in leaves if p.endswith(_DICT_LEAVES) or p in _DICT_COLUMNS],
+            "write_statistics": [p for p in leaves if p in _STATS_COLUMNS]}
+
+
+def _leaf_paths(schema: pa.Schema) -> list[str]:
+    """Parquet column paths (`attributes.list.element.key`) of an Arrow schema."""
+    out: list[str] = []
+
+    def walk(prefix: str, t: pa.DataType) -> None:
+        if pa.types.is_struct(t):
+            for f in t:
+                walk(f"{prefix}.{f.name}", f.type)
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            walk(f"{prefix}.list.element", t.value_type)
+        else:
+            out.append(prefix)
+
+    for f in schema:
+        walk(f.name, f.type)
+    return out
+
 #: Datasets whose keys are never forgotten while their partition is in memory:
 #: labels are few, and a label's id is a client's idempotency key, resent at any
 #: time, not only within an exporter's retry window.
@@ -123,11 +169,12 @@ class PartitionedWriter:
     def add(self, table: pa.Table, times_ns: list[int]) -> None:
         if table.num_rows == 0:
             return
-        dates = pc.strftime(pa.array(times_ns, pa.timestamp("ns", tz="UTC")), format="%Y-%m-%d")
+        dates = pc.strftime(pa.array(np.asarray(times_ns, dtype=np.int64), pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
+                            format="%Y-%m-%d")
         keys = pl.from_arrow(table.select(self.key))
         assert isinstance(keys, pl.DataFrame)
         hashes = _hashes(keys).with_columns(
-            pl.Series("date", dates.to_pylist()), pl.int_range(0, keys.height, eager=True).alias("row")
+            pl.Series("date", dates), pl.int_range(0, keys.height, eager=True).alias("row")
         )
         for (date,), group in hashes.group_by(["date"], maintain_order=True):
             index = self.store.index(self.dataset, date, self.batch_id)
@@ -142,9 +189,11 @@ class PartitionedWriter:
             if fresh.height == 0:
                 continue
             self._pending.setdefault(date, []).append(fresh.select("h1", "h2"))
-            rows = fresh["row"].to_list()
-            part = table.take(pa.array(rows, pa.int64()))
-            self._writer(date).write_table(part)
+            if fresh.height == table.num_rows:  # the common case: one day, nothing seen before
+                part = table
+            else:
+                part = table.take(pa.array(fresh["row"].to_numpy(), pa.int64()))
+            self._writer(date).write_table(part, row_group_size=ROW_GROUP_ROWS)
             self.stats.rows += part.num_rows
 
     def _writer(self, date: str) -> pq.ParquetWriter:
@@ -153,8 +202,7 @@ class PartitionedWriter:
             self.store.fs.makedirs(os.path.dirname(final), exist_ok=True)
             tmp = final if not self.store.local else f"{final}.tmp-{uuid.uuid4().hex[:8]}"
             f = self.store.fs.open(tmp, "wb")
-            w = pq.ParquetWriter(f, self.schema, compression="zstd", compression_level=1,
-                                 write_statistics=True)
+            w = pq.ParquetWriter(f, self.schema, **parquet_options(self.schema))
             self._writers[date] = (w, f, tmp, final)
         return self._writers[date][0]
 
