@@ -122,7 +122,11 @@ def test_the_default_gate_blocks_a_candidate_trained_on_inverted_rewards(candida
     d = _gate(candidates, "inverted")
     text = "\n".join(d.lines())
     assert not d.passed, text
-    assert not d.checks["ranking"]["passed"] and "ranks rewarded actions worse" in d.reason, text
+    # The ranking alone blocks it: on these logs (seeded per request since 2d01f26) its point
+    # estimate is near 50 % and the gate is "not convinced" (lower bound far below 50 %); on
+    # others it says "ranks rewarded actions worse". Either way it is the ranking that refuses.
+    assert not d.checks["ranking"]["passed"], text
+    assert "ranks rewarded actions" in d.reason, text
 
 
 @pytest.mark.slow
