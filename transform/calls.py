@@ -318,11 +318,30 @@ def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
         text = pl.col(col).str.strip_chars()
         text = pl.when(text.str.starts_with("[[")).then(text.str.extract(r"^\[(\[[^\]]*\])", 1)).otherwise(text)
         text = pl.when(text.str.contains(_INT_LIST)).then(text).otherwise(None)
-        return text.str.json_decode(pl.List(pl.Int64)).cast(pl.List(pl.Int32))
+        wide = text.str.json_decode(pl.List(pl.Int64))
+        fits = (wide.list.max().fill_null(0) <= 2**31 - 1) & (wide.list.min().fill_null(0) >= -(2**31))
+        return pl.when(fits).then(wide.cast(pl.List(pl.Int32), strict=False))  # ids past int32: not ids
 
+    def split(col: str) -> pl.Expr:
+        """The common case, `[1,2,3]` as the collector writes an OTLP int array: split
+        on commas and cast, three times faster than a JSON parse of the same text."""
+        inner = pl.col(col).str.strip_chars("[]")
+        parsed = inner.str.split(",").list.eval(pl.element().cast(pl.Int32, strict=True))
+        return pl.when(inner == "").then(pl.lit([], pl.List(pl.Int32))).otherwise(parsed)
+
+    errors = (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError)
+    # a list per choice ("[[") would flatten under the split; a torn "[1,2" would pass it
+    plain = cols.select(pl.all_horizontal(
+        (pl.col(c).str.starts_with("[") & pl.col(c).str.ends_with("]") & ~pl.col(c).str.starts_with("[[")).fill_null(True)
+        .all() for c in ("p", "c"))).item()
+    if plain:
+        try:
+            return cols.select(split("p").alias("prompt_token_ids"), split("c").alias("completion_token_ids"))
+        except errors:
+            pass
     try:
         return cols.select(ids("p", False).alias("prompt_token_ids"), ids("c", False).alias("completion_token_ids"))
-    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError):
+    except errors:
         pass
     return cols.select(ids("p", True).alias("prompt_token_ids"), ids("c", True).alias("completion_token_ids"))
 
