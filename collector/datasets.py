@@ -59,7 +59,7 @@ _STATS_COLUMNS = frozenset({"trace_id", "span_id", "parent_span_id", "record_id"
 
 def parquet_options(schema: pa.Schema) -> dict:
     """`PARQUET_OPTIONS` with the dictionary and statistics columns of `schema`."""
-    leaves = [p for p in _leaf_paths(schema)]
+    leaves = _leaf_paths(schema)
     return {**PARQUET_OPTIONS,
             "use_dictionary": [p for p in leaves if p.endswith(_DICT_LEAVES) or p in _DICT_COLUMNS],
             "write_statistics": [p for p in leaves if p in _STATS_COLUMNS]}

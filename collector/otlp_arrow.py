@@ -31,27 +31,30 @@ from nightshift.schemas import spans as spans_schema
 from nightshift.schemas.common import ANY_VALUE, ATTRIBUTE, TIMESTAMP
 
 _TYPE_NAMES = pa.array(["empty", "string", "int", "double", "bool", "bytes", "array", "kvlist"], pa.string())
+#: AnyValue's oneof members, in the order of _TYPE_NAMES after "empty".
+_MEMBERS = ("string_value", "int_value", "double_value", "bool_value", "bytes_value", "array_value", "kvlist_value")
 _KINDS = pa.array(list(spans_schema.KINDS), pa.string())
 _STATUS = pa.array(list(spans_schema.STATUS_CODES), pa.string())
 _HEX = np.array([f"{i:02x}".encode() for i in range(256)], dtype="S2")
 
 
 @lru_cache(maxsize=None)
-def _any_value_handler():
+def _handler(message: str = "trace"):
+    """ptars' converter for ExportTraceServiceRequest (`trace`) or AnyValue (`any`),
+    from one pool built once per process."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-    from ptars import HandlerPool
 
-    return HandlerPool([AnyValue.DESCRIPTOR.file]).get_for_message(AnyValue.DESCRIPTOR)
+    desc = {"trace": ExportTraceServiceRequest, "any": AnyValue}[message].DESCRIPTOR
+    return _pool().get_for_message(desc)
 
 
 @lru_cache(maxsize=None)
-def _handler():
-    """ptars' converter for ExportTraceServiceRequest (built once per process)."""
+def _pool():
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from ptars import HandlerPool
 
-    pool = HandlerPool([ExportTraceServiceRequest.DESCRIPTOR.file])
-    return pool.get_for_message(ExportTraceServiceRequest.DESCRIPTOR)
+    return HandlerPool([ExportTraceServiceRequest.DESCRIPTOR.file])
 
 
 @dataclass
@@ -179,7 +182,7 @@ def _simple_arrays_json(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     n = len(values)
     if len(items) == 0:
         return pa.array(["[]"] * n, pa.string()), np.zeros(n, bool)
-    dec = _any_value_handler().array_to_record_batch(items.cast(pa.binary()))
+    dec = _handler("any").array_to_record_batch(items.cast(pa.binary()))
     s, i, b = dec.column("string_value"), dec.column("int_value"), dec.column("bool_value")
     sv, iv, bv = (pc.is_valid(x).to_numpy(zero_copy_only=False) for x in (s, i, b))
     simple = sv | iv | bv
@@ -195,11 +198,9 @@ def _simple_arrays_json(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
 def any_values(value: pa.Array, counter: list[int]) -> pa.StructArray:
     """ptars' AnyValue struct (one nullable field per oneof member) as `ANY_VALUE`."""
     n = len(value)
-    cols = {name: _field(value, name) for name in
-            ("string_value", "int_value", "double_value", "bool_value", "bytes_value", "array_value", "kvlist_value")}
+    cols = {name: _field(value, name) for name in _MEMBERS}
     code = np.zeros(n, dtype=np.int8)
-    for c, name in enumerate(("string_value", "int_value", "double_value", "bool_value", "bytes_value",
-                              "array_value", "kvlist_value"), start=1):
+    for c, name in enumerate(_MEMBERS, start=1):  # the codes of _TYPE_NAMES
         col = cols[name]
         if col.null_count < n:
             code[pc.is_valid(col).to_numpy(zero_copy_only=False) & (code == 0)] = c

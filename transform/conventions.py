@@ -23,6 +23,7 @@ from .messages import (
     from_system_instructions,
     message,
     normalize_finish_reason,
+    python_literal,
 )
 
 
@@ -295,12 +296,7 @@ def tools_from_events(events: list[dict[str, Any]]) -> list | None:
             except json.JSONDecodeError:
                 if not value.lstrip().startswith("[{'"):
                     return None
-                import ast
-
-                try:
-                    value = ast.literal_eval(value)
-                except (ValueError, SyntaxError, MemoryError, RecursionError):
-                    return None
+                value = python_literal(value)
         if isinstance(value, list) and all(isinstance(t, dict) for t in value):
             return value
     return None

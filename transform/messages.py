@@ -133,6 +133,17 @@ def from_genai_message(m: Any) -> list[dict]:
     return out
 
 
+def python_literal(text: str) -> Any:
+    """A value some instrumentations write as its Python repr instead of JSON, read
+    with `ast.literal_eval` (literals only: nothing runs); None when it is not one."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
 #: The keys of the openai client's `ChatCompletionMessage` as Python prints it.
 _REPR_KEYS = frozenset({"content", "role", "tool_calls", "function_call"})
 
@@ -144,12 +155,7 @@ def _repr_message(text: str) -> dict | None:
     `ast.literal_eval` (literals only, nothing runs), and only for that exact shape."""
     if not text.startswith("{'") or "'tool_calls': " not in text:
         return None
-    import ast
-
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
+    value = python_literal(text)
     if not isinstance(value, dict) or not _REPR_KEYS <= value.keys() or value.get("role") != "assistant":
         return None
     try:
