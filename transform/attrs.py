@@ -35,6 +35,22 @@ def _value(t: str | None, s, i, d, b, j, by) -> Any:
     return None
 
 
+def to_dicts_without(column: pl.Series, keys: frozenset[str]) -> list[dict[str, Any]]:
+    """`to_dicts` of a Polars attributes column whose entries under `keys` only say
+    they are there (True): token-id lists are read in Polars (`calls.token_columns`)
+    and are most of a call's bytes, so they stay behind when the rest is copied out."""
+    k = pl.element().struct.field("key")
+    sk = sorted(keys)
+    # exported as string views, zero-copy: a plain export would copy every buffer the
+    # views point into, token ids included
+    out = to_dicts(column.list.eval(pl.element().filter(~k.is_in(sk))).to_arrow(compat_level=pl.CompatLevel.newest()))
+    present = column.list.eval(k.filter(k.is_in(sk)))
+    for i in (present.list.len() > 0).arg_true().to_list():
+        for key in present[i]:
+            out[i][key] = True
+    return out
+
+
 def to_dicts(column: pa.Array | pa.ChunkedArray, skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """A list<struct{key, value: ANY_VALUE}> column as one `{key: python value}` per
     row (arrays and kvlists decoded from their JSON); nulls become `{}`. Keys in
@@ -49,6 +65,9 @@ def to_dicts(column: pa.Array | pa.ChunkedArray, skip: frozenset[str] = frozense
     flat = column.values.slice(base, offsets[-1] - base)
     keys = flat.field("key").to_pylist()
     v = flat.field("value")
+    if pa.types.is_string_view(v.type.field("json_value").type):  # Polars' zero-copy export: `take` wants plain strings
+        v = v.cast(pa.struct([pa.field(f.name, pa.large_string() if pa.types.is_string_view(f.type) else
+                                       pa.large_binary() if pa.types.is_binary_view(f.type) else f.type) for f in v.type]))
     types = v.field("type").to_numpy(zero_copy_only=False)
     values = v.field("string_value").to_pylist()
     for name, tname in (("int_value", "int"), ("double_value", "double"), ("bool_value", "bool"), ("bytes_value", "bytes")):

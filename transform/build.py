@@ -200,25 +200,39 @@ def _bucket_of(trace: pl.Expr, buckets: int) -> pl.Expr:
 def _split(fs, files: list[str], buckets: int, tmp: str) -> list[str]:
     """First pass when the window exceeds the budget: each span file's rows go to
     the bucket file of their trace (only the columns the build reads)."""
-    writers: dict[int, pq.ParquetWriter] = {}
-    paths = [os.path.join(tmp, f"bucket-{b:04d}.parquet") for b in range(buckets)]
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    schemas: dict[int, pa.Schema] = {}
+    paths = [os.path.join(tmp, f"bucket-{b:04d}.arrow") for b in range(buckets)]
     try:
         for p in files:
             with fs.open(p, "rb") as fh:
                 pf = pq.ParquetFile(fh)
                 cols = [c for c in SPAN_COLUMNS if c in pf.schema_arrow.names]
-                for batch in pf.iter_batches(batch_size=8192, columns=cols):
-                    df = pl.from_arrow(pa.Table.from_batches([batch]))
-                    df = df.with_columns(_bucket_of(pl.col("trace_id"), buckets).alias("_b"))
-                    for (b,), part in df.partition_by("_b", as_dict=True).items():
-                        t = part.drop("_b").to_arrow()
-                        if b not in writers:
-                            writers[b] = pq.ParquetWriter(paths[b], t.schema, compression="lz4")
-                        writers[b].write_table(t.cast(writers[b].schema))
+                for batch in pf.iter_batches(batch_size=32768, columns=cols):
+                    # one take into bucket order, then zero-copy slices: the rows stay
+                    # in Arrow (a round trip through Polars copied every prompt twice)
+                    b = pl.from_arrow(batch.column("trace_id")).to_frame("t").select(_bucket_of(pl.col("t"), buckets))
+                    order = b.with_row_index("i").sort("t", maintain_order=True)
+                    counts = order.group_by("t", maintain_order=True).len()
+                    batch = batch.take(order["i"].to_arrow())
+                    at = 0
+                    for bucket, n in counts.iter_rows():
+                        t = pa.Table.from_batches([batch.slice(at, n)])
+                        at += n
+                        if bucket not in writers:  # Arrow IPC: scratch read once, whole; no Parquet encoding to pay
+                            writers[bucket] = pa.ipc.new_file(paths[bucket], t.schema,
+                                                              options=pa.ipc.IpcWriteOptions(compression="lz4"))
+                            schemas[bucket] = t.schema
+                        writers[bucket].write_table(t.cast(schemas[bucket]))
     finally:
         for w in writers.values():
             w.close()
     return [p if os.path.exists(p) else "" for p in paths]
+
+
+def _read_bucket(path: str) -> pl.DataFrame:
+    with pa.ipc.open_file(path) as f:
+        return pl.from_arrow(f.read_all()).rechunk()  # one chunk: the split wrote many small batches
 
 
 def _feedback(fs, root: str) -> pl.DataFrame:
@@ -256,7 +270,7 @@ def _events_by_span(logs: pl.DataFrame, traces: pl.Series) -> dict[tuple[str, st
     sub = logs.filter(pl.col("trace_id").is_in(traces.implode()))
     if sub.height == 0:
         return {}
-    attrs = A.to_dicts(sub["attributes"].to_arrow())
+    attrs = A.to_dicts(sub["attributes"].to_arrow(compat_level=pl.CompatLevel.newest()))
     bodies = sub["body"].to_list()
     out: dict[tuple[str, str], list[dict]] = {}
     for t, s, name, a, b in zip(sub["trace_id"], sub["span_id"], sub["event_name"], attrs, bodies):
@@ -340,7 +354,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     carriers = df.filter(cls["carrier"])
     del df  # the bucket's spans: only the calls and reward carriers are still needed
     ctx.counts.calls_seen += call_rows.height
-    call_attrs = A.to_dicts(call_rows["attributes"].to_arrow(), skip=C.TOKEN_KEYS)
+    call_attrs = A.to_dicts_without(call_rows["attributes"], C.TOKEN_KEYS)
     tokens = C.token_columns(call_rows)
     log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
     span_events = C.events_of(call_rows)
@@ -374,7 +388,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     span_obs: dict[str, list[Observation]] = defaultdict(list)
     if carriers.height:
         for (t, s, name, start), attrs in zip(carriers.select("trace_id", "span_id", "name", "start_ns").iter_rows(),
-                                             A.to_dicts(carriers["attributes"].to_arrow())):
+                                             A.to_dicts(carriers["attributes"].to_arrow(compat_level=pl.CompatLevel.newest()))):
             found, bad = from_span(name or "", attrs, tuple(cfg.reward.keys))
             ctx.counts.bad_rewards += bad
             for rname, value, detail, primary in found:
@@ -594,7 +608,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             def load(paths=paths) -> pl.DataFrame:
                 if buckets == 1:
                     return _read(fs, paths, SPAN_COLUMNS)
-                return pl.read_parquet(paths[0]) if paths else pl.DataFrame()
+                return _read_bucket(paths[0]) if paths else pl.DataFrame()
 
             # `process` holds the only reference to the spans, so it can free them early.
             rows, tokens = process(load(), ctx)
