@@ -47,6 +47,9 @@ def add_build(sub, common) -> None:
                    help="build a trajectory once nothing has arrived for it for this long (default 10m; 0 = now)")
     b.add_argument("--credit", dest="credit_strategy", metavar="STRATEGY",
                    help="identical | discounted | last | per_step (default identical)")
+    b.add_argument("--incremental", action="store_true", default=None,
+                   help="rebuild only the dates whose spans or feedback changed since the last build "
+                        "(late spans however late; a rerun with nothing new writes nothing; what `nightly` runs)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_build)
 
@@ -56,7 +59,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     from nightshift.transform.build import BuildError, build
     from nightshift.transform.config import TransformConfig
 
-    flags = {"data": args.data, "since": args.since, "until": args.until, "settle": args.settle}
+    flags = {"data": args.data, "since": args.since, "until": args.until, "settle": args.settle,
+             "incremental": args.incremental}
     cfg = load(TransformConfig, "transform", args.config, flags)
     if args.credit_strategy:
         cfg.credit.strategy = args.credit_strategy

@@ -163,11 +163,11 @@ def test_nan_and_text_rewards_are_counted_and_ignored(tmp_path):
     assert any("not finite" in line for line in s.lines())
 
 
-def _feedback(data, rows: list[dict]) -> None:
+def _feedback(data, rows: list[dict], batch: str = "fb") -> None:
     cols = {f.name: [r.get(f.name) for r in rows] for f in feedback_schema.SCHEMA}
     t = pa.table({k: pa.array(v, feedback_schema.SCHEMA.field(k).type) for k, v in cols.items()},
                  schema=feedback_schema.SCHEMA)
-    w = DatasetStore(str(data)).writer("feedback", "fb")
+    w = DatasetStore(str(data)).writer("feedback", batch)
     w.add(t, [r["received_time"] for r in rows])
     w.commit()
 
@@ -615,3 +615,127 @@ def test_concurrent_rollouts_of_one_prompt_are_not_taken_for_one_call_recorded_t
     write_spans(str(tmp_path), traces)
     df, summary = run(tmp_path)
     assert df.height == 2 and df["trajectory_id"].n_unique() == 2 and summary.duplicates == 0
+
+
+# --- bad input at scale: unreadable files, huge values, huge traces, ids that are not ids ------------
+
+
+def _span_file(data, batch: str) -> str:
+    [path] = [str(p) for p in (data / "spans").rglob(f"*{batch}*.parquet")]
+    return path
+
+
+@pytest.mark.parametrize("budget", [None, 2000])  # one pass, and the bucket split
+def test_unreadable_span_files_are_named_and_everything_else_is_built(tmp_path, budget):
+    import pyarrow.parquet as pq
+
+    write_spans(tmp_path, [episode("good", 1.0)], batch="good")
+    write_spans(tmp_path, [episode("torn", 1.0)], batch="torn")
+    write_spans(tmp_path, [episode(f"rg{i}", 1.0) for i in range(2)], batch="groups")
+    torn = _span_file(tmp_path, "torn")
+    with open(torn, "r+b") as fh:  # a copy cut short: the footer never arrived
+        fh.truncate(os.path.getsize(torn) // 2)
+    groups = _span_file(tmp_path, "groups")
+    table = pq.read_table(groups)
+    pq.write_table(table, groups, row_group_size=table.num_rows // 2 + 1, compression="zstd")  # two row groups
+    md = pq.ParquetFile(groups).metadata
+    col = md.row_group(0).column(md.row_group(0).num_columns - 1)
+    with open(groups, "r+b") as fh:  # flip the bytes of one column chunk of the first row group
+        start = col.data_page_offset
+        fh.seek(start)
+        chunk = fh.read(col.total_compressed_size)
+        fh.seek(start)
+        fh.write(bytes(b ^ 0x5A for b in chunk))
+    (tmp_path / "spans" / os.path.basename(os.path.dirname(torn)) / "junk.parquet").write_bytes(b"not parquet at all")
+    df, s = run(tmp_path, **({"memory_budget": budget} if budget else {}))
+    named = "\n".join(s.unreadable)
+    assert os.path.basename(torn) in named and "junk.parquet" in named
+    assert f"{os.path.basename(groups)}: row group 1 of 2 unreadable" in named
+    # the good file and the readable row group are built; the summary says what was skipped
+    assert Trace("good").hex in set(df["trace_id"]) and df.height >= 3
+    assert any(line.startswith("UNREADABLE span data") for line in s.lines())
+
+
+def test_token_ids_that_are_not_lists_are_counted_and_the_row_kept(tmp_path):
+    t = Trace("ids")
+    attrs = {"gen_ai.system": "openai", "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "hi",
+             "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "yo",
+             "prompt_token_ids": "tokens: 1 2 3", "response_token_ids": [4, 5]}
+    sid = t.span("openai.chat.completion", attrs, start=1, end=2)
+    write_spans(tmp_path, [t])
+    df, s = run(tmp_path)
+    assert df.height == 1 and df["prompt_token_ids"].to_list() == [None] and df["completion_token_ids"].to_list() == [[4, 5]]
+    assert s.bad_token_ids == [1, sid.hex()]
+    assert any("not a list of integers" in line and sid.hex() in line for line in s.lines())
+
+
+def test_a_50_mb_attribute_and_a_100k_span_trace_are_built(tmp_path):
+    big = Trace("big")
+    big.span("chat m1", genai_call("x" * (50 << 20), "short answer"), start=1, end=2)
+    huge = Trace("huge")
+    root = huge.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+                     start=0, end=30)
+    for i in range(100_000):
+        huge.span("tool step", {"gen_ai.operation.name": "execute_tool"}, parent=root, start=1 + i * 1e-4,
+                  end=1 + i * 1e-4 + 5e-5)
+    for i in range(50):
+        huge.span("chat m1", genai_call(f"q{i}", f"a{i}"), parent=root, start=12 + i * 0.1, end=12.05 + i * 0.1)
+    write_spans(tmp_path, [big], batch="big")
+    write_spans(tmp_path, [huge], batch="huge")
+    df, s = run(tmp_path, memory_budget=64 << 20)
+    got = {r["trace_id"]: r for r in df.filter(pl.col("step") == 0).iter_rows(named=True)}
+    assert len(got[big.hex]["input_messages"][0]["content"]) == 50 << 20
+    assert df.filter(pl.col("trace_id") == huge.hex).height == 50 and s.spans == 100_052
+
+
+# --- incremental builds ------------------------------------------------------------------------
+
+
+def _mtimes(data) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in (data / "transitions").rglob("*.parquet")}
+
+
+def test_incremental_builds_redo_only_dates_with_new_spans_or_feedback(tmp_path):
+    write_spans(tmp_path, [episode("i1", 1.0)], batch="d1")
+    write_spans(tmp_path, [episode("i3", 0.0)], batch="d3", base_ns=T0 + 2 * DAY)
+    write_spans(tmp_path, [episode("i5", 0.0)], batch="d5", base_ns=T0 + 4 * DAY)
+    _, s = run(tmp_path, incremental=True)
+    assert "full build" in s.incremental and len(s.partitions) == 3
+    first = _mtimes(tmp_path)
+
+    _, s = run(tmp_path, incremental=True)  # nothing new: nothing rewritten
+    assert s.partitions == [] and "rebuilding nothing" in s.incremental and _mtimes(tmp_path) == first
+
+    # a late span on day 3 (a second file there): day 3 and the day before, nothing else
+    write_spans(tmp_path, [episode("i3b", 1.0)], batch="d3late", base_ns=T0 + 2 * DAY)
+    df, s = run(tmp_path, incremental=True)
+    assert s.partitions == ["2025-11-24"] and s.transitions == 6
+    now = _mtimes(tmp_path)
+    assert now["date=2025-11-22"] == first["date=2025-11-22"] and now["date=2025-11-26"] == first["date=2025-11-26"]
+    assert now["date=2025-11-24"] != first["date=2025-11-24"]
+    # the same rows a full build gives (advantages are pooled per build, so they may differ)
+    full, _ = run(tmp_path)
+    cols = [c for c in df.columns if c not in ("advantage", "date")]
+    assert df.select(cols).sort("transition_id").equals(full.select(cols).sort("transition_id"))
+
+    # feedback that arrives later for the day-5 trace: that date is rebuilt with the new reward
+    run(tmp_path, incremental=True)
+    _feedback(tmp_path, [{"feedback_id": "late", "trace_id": Trace("i5").hex, "name": "thumbs", "value": 1.0,
+                          "received_time": T0 + 6 * DAY, "source": "http"}])
+    df, s = run(tmp_path, incremental=True, reward__name="thumbs")
+    assert "full build" in s.incremental  # the reward's name is a setting: a new one rebuilds everything
+    df, s = run(tmp_path, incremental=True, reward__name="thumbs")
+    assert s.partitions == []
+    _feedback(tmp_path, [{"feedback_id": "later", "trace_id": Trace("i5").hex, "name": "thumbs", "value": 0.25,
+                          "received_time": T0 + 7 * DAY, "source": "http"}], batch="fb2")
+    df, s = run(tmp_path, incremental=True, reward__name="thumbs")
+    assert "2025-11-26" in s.partitions and "2025-11-22" not in s.partitions
+    assert set(df.filter(pl.col("trace_id") == Trace("i5").hex)["reward"]) == {0.25}
+
+
+def test_incremental_refuses_a_window(tmp_path):
+    from nightshift.cli.settings import SettingsError
+
+    write_spans(tmp_path, [episode("w", 1.0)])
+    with pytest.raises(SettingsError, match="incremental"):
+        run(tmp_path, incremental=True, since="2025-11-22")

@@ -52,4 +52,7 @@ def test_token_id_lists_are_read_whatever_their_text_and_never_guessed(text, wan
                  "double_value": None, "bool_value": None, "bytes_value": None, "json_value": None}}]
 
     df = pl.from_arrow(pa.table({"attributes": pa.array([attr(text), attr("[4,5]"), []], ATTRIBUTES)}))
-    assert token_columns(df)["prompt_token_ids"].to_list() == [want, [4, 5], None]
+    got = token_columns(df)
+    assert got["prompt_token_ids"].to_list() == [want, [4, 5], None]
+    # a value that is there but not ids is counted, so the build can report it
+    assert got["bad_token_ids"].to_list() == [want is None, False, False]

@@ -190,11 +190,16 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
     try:
         if state["stage"] == "build":
             tcfg = copy.deepcopy(transform_cfg)
-            tcfg.since = state["since"]
+            # only the dates with new or late spans or feedback, however late; `since`
+            # still bounds what is trained on
+            tcfg.since, tcfg.until, tcfg.incremental = "", "", True
             try:
                 summary = build(tcfg, progress=progress)
                 state["build"] = summary.lines()
                 next_stage = "train"
+                if not summary.partitions and not state["resumed"]:  # a resumed run's build was done before
+                    state["outcome"] = "nothing to build: no new spans or feedback since the last build"
+                    next_stage = "report"
             except BuildError as e:
                 state["build"] = [str(e)]
                 state["outcome"] = f"nothing to build: {e}"

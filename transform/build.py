@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import fsspec
 import polars as pl
@@ -32,7 +33,7 @@ from nightshift.schemas import SCHEMA_VERSION, transitions
 
 from . import attrs as A
 from . import calls as C
-from . import credit, output
+from . import credit, incremental, output
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
 
@@ -71,6 +72,11 @@ class Summary:
     by_instrumentation: dict[str, list] = field(default_factory=dict)
     buckets: int = 1
     seconds: float = 0.0
+    #: span files or row groups that could not be read, each named with why (the rest was built)
+    unreadable: list[str] = field(default_factory=list)
+    incremental: str = ""  # what an incremental build found changed
+    #: token-id values that are not a list of integers: [count, an example span id] (the row keeps null ids)
+    bad_token_ids: list = field(default_factory=lambda: [0, ""])
 
     def lines(self) -> list[str]:
         out = [
@@ -78,6 +84,8 @@ class Summary:
             f"({self.spans} spans, {self.seconds:.1f} s, {self.buckets} bucket(s))",
             f"partitions written: {', '.join(self.partitions) or 'none'}",
         ]
+        if self.incremental:
+            out.append(f"incremental: {self.incremental}")
         if self.rewards_by_source:
             out.append("rewards by source: " + ", ".join(f"{k} {v}" for k, v in sorted(self.rewards_by_source.items())))
         out.append(f"trajectories without a reward: {self.unrated}")
@@ -102,6 +110,13 @@ class Summary:
             if bad:
                 out.append(f"calls left out, their layout unknown ({k}): {bad} of {n}, e.g. span {example}; "
                            "a new release of that instrumentation? please report it with the span")
+        for what in self.unreadable[:20]:
+            out.append(f"UNREADABLE span data, skipped: {what}")
+        if len(self.unreadable) > 20:
+            out.append(f"... and {len(self.unreadable) - 20} more unreadable files or row groups")
+        if self.bad_token_ids[0]:
+            out.append(f"token ids that are not a list of integers (left null): {self.bad_token_ids[0]}, "
+                       f"e.g. span {self.bad_token_ids[1]}")
         for flag, n in sorted(self.flagged.items()):
             out.append(f"rows flagged {flag}: {n}")
         for conv, n in sorted(self.content_missing.items()):
@@ -142,9 +157,11 @@ def _day(value: str, what: str) -> dt.date | None:
         raise BuildError(f"{what} must be a date YYYY-MM-DD, got {value!r}") from None
 
 
-def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None) -> tuple[dict[str, list[tuple[str, int]]], int]:
+def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None,
+                bad: list[str]) -> tuple[dict[str, list[tuple[str, int]]], int]:
     """Span files by date partition, within [since, until + 1 day] (the extra day
-    finishes trajectories that cross midnight), and their total size."""
+    finishes trajectories that cross midnight), and their total size. A file whose
+    footer cannot be read (torn, truncated, not Parquet) goes to `bad`, named."""
     base = f"{root}/spans"
     if not fs.exists(base):
         raise BuildError(f"no spans dataset at {base}: run `nightshift collect` (or `nightshift ingest`) first")
@@ -157,8 +174,14 @@ def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None) -> 
         day = _day(name[5:], "partition")
         if (since and day < since) or (until and day > until + dt.timedelta(days=1)):
             continue
-        files = [(f["name"], _uncompressed(fs, f["name"])) for f in fs.ls(entry["name"], detail=True)
-                 if f["type"] == "file" and f["name"].endswith(".parquet")]
+        files = []
+        for f in fs.ls(entry["name"], detail=True):
+            if f["type"] != "file" or not f["name"].endswith(".parquet"):
+                continue
+            try:
+                files.append((f["name"], _uncompressed(fs, f["name"])))
+            except (pa.ArrowException, OSError) as e:
+                bad.append(f"{f['name']}: not a readable Parquet file, skipped whole ({e})")
         if files:
             out[name[5:]] = sorted(files)
             total += sum(s for _, s in files)
@@ -170,7 +193,10 @@ def _uncompressed(fs, path: str) -> int:
     count), which is what sizes the buckets: compressed sizes say little, prompts
     and token ids compress five to ten times."""
     with fs.open(path, "rb") as fh:
-        md = pq.ParquetFile(fh).metadata
+        return _uncompressed_md(pq.ParquetFile(fh).metadata)
+
+
+def _uncompressed_md(md: pq.FileMetaData) -> int:
     wanted = set(SPAN_COLUMNS)
     total = 0
     for g in range(md.num_row_groups):
@@ -182,12 +208,31 @@ def _uncompressed(fs, path: str) -> int:
     return total
 
 
-def _read(fs, paths: list[str], columns: list[str]) -> pl.DataFrame:
-    tables = []
-    for p in paths:
-        with fs.open(p, "rb") as fh:
-            t = pq.read_table(fh, columns=[c for c in columns if c in pq.read_schema(fh).names])
-        tables.append(t)
+def _row_groups(fs, path: str, columns: list[str], bad: list[str]) -> Iterator[pa.Table]:
+    """A Parquet file's row groups, one at a time. One that cannot be read (a
+    corrupt page, a file cut short) is reported by file and row group and skipped;
+    the file's other row groups are still read."""
+    try:
+        fh = fs.open(path, "rb")
+        pf = pq.ParquetFile(fh)
+    except (pa.ArrowException, OSError) as e:
+        bad.append(f"{path}: not a readable Parquet file, skipped whole ({e})")
+        return
+    with fh:
+        cols = [c for c in columns if c in pf.schema_arrow.names]
+        for g in range(pf.num_row_groups):
+            try:
+                t = pf.read_row_group(g, columns=cols)
+            except (pa.ArrowException, OSError) as e:
+                n = pf.metadata.row_group(g).num_rows
+                bad.append(f"{path}: row group {g + 1} of {pf.num_row_groups} unreadable, its {n} rows skipped ({e})")
+                continue
+            yield t
+
+
+def _read(fs, paths: list[str], columns: list[str], bad: list[str] | None = None) -> pl.DataFrame:
+    bad = [] if bad is None else bad
+    tables = [t for p in paths for t in _row_groups(fs, p, columns, bad)]
     if not tables:
         return pl.DataFrame()
     return pl.from_arrow(pa.concat_tables(tables, promote_options="default"))
@@ -197,18 +242,20 @@ def _bucket_of(trace: pl.Expr, buckets: int) -> pl.Expr:
     return (trace.hash(seed=7) % buckets).cast(pl.Int64)
 
 
-def _split(fs, files: list[str], buckets: int, tmp: str) -> list[str]:
+def _split(fs, files: list[str], buckets: int, tmp: str, batch_bytes: int, bad: list[str]) -> list[str]:
     """First pass when the window exceeds the budget: each span file's rows go to
-    the bucket file of their trace (only the columns the build reads)."""
+    the bucket file of their trace (only the columns the build reads), read in
+    batches of about `batch_bytes` decompressed, so this pass is bounded too."""
+    _enough_files(buckets + 64)
     writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
     schemas: dict[int, pa.Schema] = {}
     paths = [os.path.join(tmp, f"bucket-{b:04d}.arrow") for b in range(buckets)]
     try:
         for p in files:
-            with fs.open(p, "rb") as fh:
-                pf = pq.ParquetFile(fh)
-                cols = [c for c in SPAN_COLUMNS if c in pf.schema_arrow.names]
-                for batch in pf.iter_batches(batch_size=32768, columns=cols):
+            for group in _row_groups(fs, p, SPAN_COLUMNS, bad):
+                per_row = group.nbytes / max(group.num_rows, 1)
+                rows = int(min(32768, max(256, batch_bytes // max(per_row, 1))))
+                for batch in group.to_batches(max_chunksize=rows):
                     # one take into bucket order, then zero-copy slices: the rows stay
                     # in Arrow (a round trip through Polars copied every prompt twice)
                     b = pl.from_arrow(batch.column("trace_id")).to_frame("t").select(_bucket_of(pl.col("t"), buckets))
@@ -227,7 +274,34 @@ def _split(fs, files: list[str], buckets: int, tmp: str) -> list[str]:
     finally:
         for w in writers.values():
             w.close()
+    _give_back_memory()
     return [p if os.path.exists(p) else "" for p in paths]
+
+
+def _give_back_memory() -> None:
+    """Return freed memory to the system between buckets. Prompts are Python strings
+    from the C allocator, and Arrow keeps its own pool: both hold on to freed pages,
+    so without this the process keeps the high-water mark of every bucket it read."""
+    pa.default_memory_pool().release_unused()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def _enough_files(n: int) -> None:
+    """One scratch file per bucket is open during the split: raise the soft limit on
+    open files (often 1024) toward the hard one when a big window needs more."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < n:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (n if hard == resource.RLIM_INFINITY else min(n, hard), hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: the open fails clearly later
+        pass
 
 
 def _read_bucket(path: str) -> pl.DataFrame:
@@ -235,9 +309,12 @@ def _read_bucket(path: str) -> pl.DataFrame:
         return pl.from_arrow(f.read_all()).rechunk()  # one chunk: the split wrote many small batches
 
 
-def _feedback(fs, root: str) -> pl.DataFrame:
+def _feedback_files(fs, root: str) -> list[str]:
     base = f"{root}/feedback"
-    files = [f for f in (fs.glob(f"{base}/date=*/*.parquet") if fs.exists(base) else [])]
+    return sorted(fs.glob(f"{base}/date=*/*.parquet") if fs.exists(base) else [])
+
+
+def _feedback(fs, root: str, files: list[str]) -> pl.DataFrame:
     if not files:
         return pl.DataFrame(schema={"trace_id": pl.String, "conversation_id": pl.String, "span_id": pl.String,
                                     "name": pl.String, "value": pl.Float64, "received_time": pl.Int64})
@@ -315,6 +392,7 @@ class _Ctx:
     summary: Summary
     counts: C.Counts
     tool_error: re.Pattern | None = None
+    dates: set[str] | None = None  # an incremental build's dates; None: every date in the window
 
 
 def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
@@ -356,6 +434,10 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     ctx.counts.calls_seen += call_rows.height
     call_attrs = A.to_dicts_without(call_rows["attributes"], C.TOKEN_KEYS)
     tokens = C.token_columns(call_rows)
+    if (n_bad := tokens["bad_token_ids"].sum()):
+        ctx.summary.bad_token_ids[0] += n_bad
+        ctx.summary.bad_token_ids[1] = ctx.summary.bad_token_ids[1] or call_rows["span_id"].filter(tokens["bad_token_ids"])[0]
+    tokens = tokens.drop("bad_token_ids")
     log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
     span_events = C.events_of(call_rows)
     meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
@@ -429,7 +511,8 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
                 s["flags"].append("orphan")
         start_ns = min(i["first_start"] for i in infos if i["first_start"] is not None)
         day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
-        if (ctx.since and day < ctx.since) or (ctx.until and day > ctx.until):
+        if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
+                or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
             summary.outside_window += 1
             continue
         C.rebuild_history(steps)
@@ -549,8 +632,26 @@ def _table(rows: list[dict], tokens: pl.DataFrame) -> pl.DataFrame:
     return df.join(tokens, on="transition_id", how="left", maintain_order="left")
 
 
+#: `transition_id` (32 hex digits) as two integers: the same order, a quarter of the bytes.
+_ID = ("_hi", "_lo")
+
+
+def _id_parts() -> list[pl.Expr]:
+    tid = pl.col("transition_id")
+    return [tid.str.slice(0, 16).str.to_integer(base=16, dtype=pl.UInt64).alias("_hi"),
+            tid.str.slice(16, 16).str.to_integer(base=16, dtype=pl.UInt64).alias("_lo")]
+
+
+def _slim(t: pl.DataFrame) -> pl.DataFrame:
+    """What the window-wide advantage pass needs of each row, in about 40 bytes (ids
+    as integers): it is the one thing the build holds for the whole window."""
+    return t.select(*_id_parts(), pl.col("trajectory_id").hash(seed=7),
+                    pl.col("group_id").str.to_integer(base=16, dtype=pl.UInt64), "return", "weight")
+
+
 def _final(df: pl.DataFrame, adv: pl.DataFrame) -> pa.Table:
-    df = df.drop("advantage", strict=False).join(adv, on="transition_id", how="left", maintain_order="left")
+    df = (df.drop("advantage", strict=False).with_columns(*_id_parts())
+          .join(adv, on=list(_ID), how="left", maintain_order="left"))
     return df.select([f.name for f in _ROW_SCHEMA]).to_arrow().cast(_ROW_SCHEMA)
 
 
@@ -563,8 +664,24 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         raise BuildError(f"--since {since} is after --until {until}")
     fs, root = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
     root = root.rstrip("/")
-    by_date, total = _span_files(fs, root, since, until)
-    if not by_date:
+    by_date, total = _span_files(fs, root, since, until, summary.unreadable)
+    feedback_files = _feedback_files(fs, root)
+    out_root = f"{root}/transitions"
+    dates, read_state = None, None
+    if cfg.incremental and by_date:
+        read_state = incremental.snapshot(by_date, feedback_files, cfg)
+        dates, why = incremental.dates_to_build(fs, incremental.load(fs, root), read_state, by_date, feedback_files)
+        summary.incremental = why + ("" if dates is None else f": rebuilding {', '.join(sorted(dates)) or 'nothing'}")
+        log.info("incremental build: %s", summary.incremental)
+        if dates is not None:
+            if not dates:  # nothing new: every partition stays as it is
+                incremental.save(fs, root, read_state)
+                summary.seconds = time.perf_counter() - t0
+                return summary
+            nexts = {(dt.date.fromisoformat(d) + dt.timedelta(days=1)).isoformat() for d in dates}
+            by_date = {d: f for d, f in by_date.items() if d in dates or d in nexts}
+            total = sum(n for f in by_date.values() for _, n in f)
+    if not by_date and not dates:
         raise BuildError(f"no span files under {root}/spans" + (" in the window" if since or until else ""))
     functions = []
     for spec in cfg.reward.functions:
@@ -572,18 +689,17 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             functions.append((spec, load_function(spec)))
         except ValueError as e:
             raise BuildError(str(e)) from None
-    ctx = _Ctx(cfg, now_ns if now_ns is not None else time.time_ns(), since, until, _feedback(fs, root),
+    ctx = _Ctx(cfg, now_ns if now_ns is not None else time.time_ns(), since, until, _feedback(fs, root, feedback_files),
                _log_events(fs, root, sorted(by_date)),
                functions, re.compile(cfg.agents_include) if cfg.agents_include else None,
                re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
-               re.compile(cfg.credit.tool_error_pattern))
+               re.compile(cfg.credit.tool_error_pattern), dates)
     files = [p for d in sorted(by_date) for p, _ in by_date[d]]
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
     if cfg.trajectory in ("conversation", "linked") and buckets > 1:
         log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
         buckets = 1
     summary.buckets = buckets
-    out_root = f"{root}/transitions"
     output.repair(fs, out_root)
     if output.is_local(fs):  # scratch files beside the output: same disk, cleaned by the next run after a crash
         os.makedirs(out_root, exist_ok=True)
@@ -599,7 +715,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             sources = [files]
         else:
             bar.set_description("split")
-            split = _split(fs, files, buckets, tmp)
+            split = _split(fs, files, buckets, tmp, cfg.memory_budget // int(OVERHEAD), summary.unreadable)
             bar.set_description("build")
             sources = [[p] if p else [] for p in split]
         slim: list[pl.DataFrame] = []
@@ -607,7 +723,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         for b, paths in enumerate(sources):
             def load(paths=paths) -> pl.DataFrame:
                 if buckets == 1:
-                    return _read(fs, paths, SPAN_COLUMNS)
+                    return _read(fs, paths, SPAN_COLUMNS, summary.unreadable)
                 return _read_bucket(paths[0]) if paths else pl.DataFrame()
 
             # `process` holds the only reference to the spans, so it can free them early.
@@ -617,27 +733,31 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                 by_day[r["_date"]].append(r)
             for day, rs in sorted(by_day.items()):
                 t = _table(rs, tokens)
-                slim.append(t.select("transition_id", "trajectory_id", "group_id", "return", "weight"))
+                slim.append(_slim(t))
                 if buckets == 1:
                     held[day].append(t)
                 else:  # later buckets must not keep this one's rows in memory
-                    path = os.path.join(tmp, f"rows-{day}-{b:04d}.parquet")
-                    t.write_parquet(path, compression="lz4")
+                    path = os.path.join(tmp, f"rows-{day}-{b:04d}.arrow")
+                    t.write_ipc(path, compression="lz4")
                     held[day].append(path)
             bar.update(len(paths) if buckets == 1 else 1)
+            _give_back_memory()
         bar.close()
         if slim:
-            s = pl.concat(slim).sort("transition_id")  # the same sums whatever the bucket count
-            adv = s.select("transition_id", credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
+            s = pl.concat(slim).sort(*_ID)  # the same sums whatever the bucket count
+            del slim
+            adv = s.select(*_ID, credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
+            del s
         else:
-            adv = pl.DataFrame(schema={"transition_id": pl.String, "advantage": pl.Float64})
-        window_days = {d for d in by_date if (not since or dt.date.fromisoformat(d) >= since)
-                       and (not until or dt.date.fromisoformat(d) <= until)}
+            adv = pl.DataFrame(schema={"_hi": pl.UInt64, "_lo": pl.UInt64, "advantage": pl.Float64})
+        window_days = dates if dates is not None else {
+            d for d in by_date if (not since or dt.date.fromisoformat(d) >= since)
+            and (not until or dt.date.fromisoformat(d) <= until)}
         for day in sorted(window_days | set(held)):
 
             def tables(day=day):
                 for item in held.get(day, []):
-                    yield _final(pl.read_parquet(item) if isinstance(item, str) else item, adv)
+                    yield _final(pl.read_ipc(item) if isinstance(item, str) else item, adv)
 
             n = output.write_partition(fs, out_root, day, tables())
             held.pop(day, None)
@@ -646,9 +766,13 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                 summary.partitions.append(day)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if read_state is not None:
+        incremental.save(fs, root, read_state)
     summary.duplicates = ctx.counts.duplicates
     summary.no_request = ctx.counts.no_request
     summary.by_instrumentation = ctx.counts.by_scope
     summary.bad_rewards = ctx.counts.bad_rewards
     summary.seconds = time.perf_counter() - t0
+    for what in summary.unreadable:
+        log.warning("unreadable span data, skipped: %s", what)
     return summary

@@ -334,16 +334,18 @@ def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
     plain = cols.select(pl.all_horizontal(
         (pl.col(c).str.starts_with("[") & pl.col(c).str.ends_with("]") & ~pl.col(c).str.starts_with("[[")).fill_null(True)
         .all() for c in ("p", "c"))).item()
-    if plain:
+    # `bad_token_ids`: a value was there but is not a list of ids (counted and reported)
+    bad = ((pl.col("p").is_not_null() & pl.col("prompt_token_ids").is_null())
+           | (pl.col("c").is_not_null() & pl.col("completion_token_ids").is_null())).alias("bad_token_ids")
+    attempts = ([split] if plain else []) + [lambda c: ids(c, False), lambda c: ids(c, True)]
+    for parse in attempts:  # the fastest that can read every value; the guarded one never raises
         try:
-            return cols.select(split("p").alias("prompt_token_ids"), split("c").alias("completion_token_ids"))
+            got = cols.with_columns(parse("p").alias("prompt_token_ids"), parse("c").alias("completion_token_ids"))
         except errors:
-            pass
-    try:
-        return cols.select(ids("p", False).alias("prompt_token_ids"), ids("c", False).alias("completion_token_ids"))
-    except errors:
-        pass
-    return cols.select(ids("p", True).alias("prompt_token_ids"), ids("c", True).alias("completion_token_ids"))
+            continue
+        return got.select("prompt_token_ids", "completion_token_ids", bad)
+    raise AssertionError("the guarded parse raised")  # unreachable: it makes nulls, not errors
+    raise AssertionError("the guarded parse never raises")
 
 
 def _logprobs(v: Any) -> list[float] | None:

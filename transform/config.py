@@ -78,6 +78,7 @@ class TransformConfig:
     agents_include: str = ""
     agents_exclude: str = ""
     memory_budget: int = 512 << 20  # peak memory to aim for; more data is processed in buckets of traces
+    incremental: bool = False  # rebuild only the dates whose spans or feedback changed since the last build
     storage_options: dict = field(default_factory=dict)
     reward: RewardConfig = field(default_factory=RewardConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
@@ -113,6 +114,9 @@ class TransformConfig:
             if ":" not in fn:
                 raise SettingsError(f"reward.functions: {fn!r} must be module:function")
 
+        if self.incremental and (self.since or self.until):
+            raise SettingsError("incremental builds find their own dates from what changed; drop since/until "
+                                f"(got since={self.since!r}, until={self.until!r})")
         for what in ("agents_include", "agents_exclude"):
             try:
                 re.compile(getattr(self, what))
