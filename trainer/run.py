@@ -153,6 +153,16 @@ def _last_checkpoint(trainer_dir: Path) -> str:
     return ""
 
 
+def _bar_only():
+    from transformers import ProgressCallback
+
+    class BarOnly(ProgressCallback):
+        def on_log(self, *a, **kw):  # the step line says it, once
+            pass
+
+    return BarOnly
+
+
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     """Train one version. Raises `TrainDataError` (a clear message) when there is
     nothing sound to train on."""
@@ -230,11 +240,14 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     from .trainers import make_trainer
 
     trainer = make_trainer(cfg, policy, tok, rows, trainer_dir, run_dir / "tensorboard", progress)
-    if not progress:
-        from transformers import PrinterCallback, ProgressCallback
+    from transformers import PrinterCallback, ProgressCallback
 
-        trainer.remove_callback(PrinterCallback)
-        trainer.remove_callback(ProgressCallback)  # quiet: the logs go to TensorBoard and the summary
+    # the step line (steplog.StepLog) replaces transformers' printed log dicts; the
+    # bar stays when there is a terminal to draw it on
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    if progress:
+        trainer.add_callback(_bar_only())
     out = trainer.train(resume_from_checkpoint=resume or None)
     steps = trainer.state.global_step
     tokens = int(trainer.state.num_input_tokens_seen or 0)

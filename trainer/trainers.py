@@ -61,13 +61,19 @@ class _Rows:
 
 
 def _callbacks(cfg: TrainConfig, tb_dir: Path) -> list:
+    import torch
+
+    from .steplog import StepLog
+
+    # the step line first: it adds tokens/s and MFU to the record TensorBoard then writes
+    out: list = [StepLog(device_name=torch.cuda.get_device_name(0) if on_gpu() else "")]
     if not cfg.tensorboard:
-        return []
+        return out
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
     tb_dir.mkdir(parents=True, exist_ok=True)
-    return [TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
+    return out + [TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
 
 
 def make_trainer(cfg: TrainConfig, model, tok, rows: list[dict], out_dir: Path, tb_dir: Path, progress: bool = True):
