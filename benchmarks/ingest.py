@@ -63,6 +63,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, Instr
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hardening.proc import free_port  # noqa: E402  one helper for every harness
+
 # NB: grpc and polars are imported only where used (grpc in the sender processes,
 # polars after the senders are gone): both start threads, and the senders are forked.
 
@@ -543,12 +546,6 @@ def raw_loop(directory: Path, templates: list[Template], seconds: float, group: 
 # --------------------------------------------------------------------------------------
 # Collector process, metrics, RSS sampling
 # --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(port: int, path: str, timeout: float = 2.0) -> bytes:

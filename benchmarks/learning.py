@@ -34,7 +34,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -105,7 +104,7 @@ def main() -> int:
                     help="fresh tasks the world's checker plays per candidate as the gate's command (0: offline checks only)")
     ap.add_argument("--keep", default="", help="keep the work folder here")
     args = ap.parse_args()
-    from nightshift.trainer.serve_engine import Engine
+    from nightshift.serve.engine import Engine
 
     cache = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
     spec = policy.PolicySpec()

@@ -51,6 +51,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hardening.proc import free_port  # noqa: E402  one helper for every harness
+
 MB = 1 << 20
 DEFAULT_VENV = Path.home() / ".cache" / "nightshift-bench" / "phoenix-venv"
 PACKAGES = ("arize-phoenix", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http")
@@ -199,14 +202,6 @@ def ensure_venv(venv: Path, res: PhoenixResult) -> None:
 # --------------------------------------------------------------------------------------
 # Server process
 # --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PhoenixServer:

@@ -20,7 +20,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,16 +31,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
+from hardening.proc import free_port  # noqa: E402  one helper for every harness
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -54,9 +49,9 @@ def main() -> int:
 
     from openai import OpenAI
 
-    from nightshift.cli.settings import _apply
+    from nightshift.settings import apply
     from nightshift.trainer.config import TrainConfig
-    from nightshift.trainer.publish import publish
+    from nightshift.publish.publish import publish
     from nightshift.trainer.run import train
     from nightshift.trainer.tiny import save_tiny
     from transitions_data import row, write
@@ -84,7 +79,7 @@ def main() -> int:
         paths = []
         for v in range(args.versions):
             cfg = TrainConfig()
-            _apply(cfg, dict(data=str(root / "data"), base_model=str(model), output=str(root / "ck"), max_steps=2,
+            apply(cfg, dict(data=str(root / "data"), base_model=str(model), output=str(root / "ck"), max_steps=2,
                              batch_size=4, tensorboard=False, served_model_name=args.served_name, seed=v), "bench")
             paths.append(train(cfg, progress=False).path)
         client = OpenAI(base_url=f"{url}/v1", api_key=os.environ.get("VLLM_API_KEY", "x"))

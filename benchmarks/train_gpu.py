@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import random
@@ -151,13 +150,13 @@ class Timer:
 def run_nightshift(algorithm: str, model_dir: Path, data: Path, out: Path, args, timer: Timer) -> dict:
     import torch
 
-    from nightshift.cli.settings import _apply
+    from nightshift.settings import apply
     from nightshift.trainer import trainers
     from nightshift.trainer.config import TrainConfig
     from nightshift.trainer.run import train
 
     cfg = TrainConfig()
-    _apply(cfg, dict(data=str(data), base_model=str(model_dir), output=str(out), algorithm=algorithm,
+    apply(cfg, dict(data=str(data), base_model=str(model_dir), output=str(out), algorithm=algorithm,
                      max_steps=args.steps, batch_size=args.batch_size, max_length=args.max_length,
                      eval_fraction=0.0, tensorboard=False, save_steps=10**6, logging_steps=10**6,
                      sft={"threshold": -1.0}), "bench")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .settings import load
+from nightshift.settings import load
 
 DESCRIPTION = """Turn the spans under --data into the transitions dataset: one row per LLM call
 (state: the input messages and tools; action: the output message and its tool
@@ -55,7 +55,7 @@ def add_build(sub, common) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from nightshift.cli.main import _setup_logging
+    from .console import setup_logging
     from nightshift.transform.build import BuildError, build
     from nightshift.transform.config import TransformConfig
 
@@ -64,7 +64,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     cfg = load(TransformConfig, "transform", args.config, flags)
     if args.credit_strategy:
         cfg.credit.strategy = args.credit_strategy
-    _setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning")
     try:
         summary = build(cfg, progress=not args.quiet and sys.stderr.isatty())
     except BuildError as e:

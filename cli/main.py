@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from .settings import SettingsError, load
+from nightshift.settings import SettingsError, load
+
+from .console import setup_logging
 
 EPILOG = """Settings come from, lowest first: built-in defaults, the YAML file given with
 --config (top-level `data:` and a `collector:` section), NIGHTSHIFT_* environment
@@ -23,14 +24,6 @@ def _version() -> str:
         return "dev"
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def _collector_config(args: argparse.Namespace):
     from nightshift.collector.config import CollectorConfig
 
@@ -40,7 +33,7 @@ def _collector_config(args: argparse.Namespace):
 
 def cmd_collect(args: argparse.Namespace) -> int:
     cfg = _collector_config(args)
-    _setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level)
     from nightshift.collector.server import run
 
     return run(cfg)
@@ -48,7 +41,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     cfg = _collector_config(args)
-    _setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level)
     from nightshift.collector.datasets import DatasetStore
     from nightshift.collector.fileingest import ingest
     from nightshift.collector.redact import Redactor
@@ -92,7 +85,7 @@ The same rules apply to the collector's POST /v1/feedback."""
 
 def cmd_feedback(args: argparse.Namespace) -> int:
     cfg = _collector_config(args)
-    _setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level)
     from nightshift.collector.datasets import DatasetStore
     from nightshift.collector.feedback_file import BadRows, FeedbackFileError, load
     from nightshift.collector.redact import Redactor

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .settings import load
+from nightshift.settings import load
 
 PUBLISH_DESC = """Put a checkpoint version in front of the agents on a running vLLM server (or
 `nightshift serve --engine transformers`).
@@ -77,11 +77,11 @@ def _kw(args: argparse.Namespace) -> dict:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from nightshift.cli.main import _setup_logging
-    from nightshift.trainer.publish import PublishError, publish
-    from nightshift.trainer.vllm_client import VLLMError
+    from .console import setup_logging
+    from nightshift.publish.publish import PublishError, publish
+    from nightshift.publish.vllm_client import VLLMError
 
-    _setup_logging("warning")
+    setup_logging("warning")
     try:
         result = publish(args.checkpoint, args.vllm_url, mode=args.mode, **_kw(args))
     except (PublishError, VLLMError) as e:
@@ -92,11 +92,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from nightshift.cli.main import _setup_logging
-    from nightshift.trainer.publish import PublishError, rollback
-    from nightshift.trainer.vllm_client import VLLMError
+    from .console import setup_logging
+    from nightshift.publish.publish import PublishError, rollback
+    from nightshift.publish.vllm_client import VLLMError
 
-    _setup_logging("warning")
+    setup_logging("warning")
     kw = _kw(args)
     kw.pop("name")
     try:
@@ -143,12 +143,12 @@ systemd, Kubernetes: see recipes/ in the repository."""
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from nightshift.cli.main import _setup_logging
+    from .console import setup_logging
     from nightshift.trainer.config import TrainConfig
-    from nightshift.trainer.nightly import EXIT_CONFIG, NightlyConfig, run
+    from nightshift.nightly.run import EXIT_CONFIG, NightlyConfig, run
     from nightshift.transform.config import TransformConfig
 
-    _setup_logging(args.log_level or "info")
+    setup_logging(args.log_level or "info")
     flags = {"data": args.data}
     tcfg = load(TransformConfig, "transform", args.config, flags)
     trcfg = load(TrainConfig, "train", args.config, flags)

@@ -72,9 +72,9 @@ def vllm_command(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from nightshift.cli.main import _setup_logging
+    from .console import setup_logging
 
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level)
     if args.engine == "vllm":
         cmd = vllm_command(args)
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -86,8 +86,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "GPU is (`pip install vllm`), or use --engine transformers on a machine without one.", file=sys.stderr)
             return 2
         os.execvpe("vllm", cmd, env)
-    from nightshift.trainer.serve_engine import Engine
-    from nightshift.trainer.serve_http import serve
+    from nightshift.serve.engine import Engine
+    from nightshift.serve.http import serve
 
     if not os.path.isdir(args.model):
         print(f"nightshift serve: --model {args.model} is not a local folder (nothing is downloaded)", file=sys.stderr)

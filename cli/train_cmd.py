@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from .settings import load
+from nightshift.settings import load
 
 DESCRIPTION = """Train the policy on the transitions dataset (one credit-assigned row per LLM
 call, from `nightshift build`) and write a new versioned checkpoint under
@@ -102,7 +102,7 @@ def _flags(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from nightshift.cli.main import _setup_logging
+    from .console import setup_logging
     from nightshift.trainer.config import TrainConfig
 
     cfg = load(TrainConfig, "train", args.config, _flags(args))
@@ -110,7 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if getattr(args, flag, None):
             setattr(cfg.select, key, getattr(args, flag))
     cfg.check()
-    _setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning")
     from nightshift.trainer.run import train
     from nightshift.trainer.select import TrainDataError
 

@@ -7,11 +7,8 @@ are built as flat lists and assembled with offsets (no dict per row).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-import math
-from typing import Any
 
 import numpy as np
 import pyarrow as pa

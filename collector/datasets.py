@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.schemas import DATASETS
+from nightshift.storage import fsync
 
 EVICT_AFTER_S = 900.0
 
@@ -214,7 +215,7 @@ class PartitionedWriter:
                 os.fsync(f.f.fileno())  # LocalFileOpener wraps a real file
                 f.close()
                 os.replace(tmp, final)
-                _fsync_dir(os.path.dirname(final))
+                fsync(os.path.dirname(final))
             else:
                 f.close()
             self.stats.files.append(final)
@@ -245,14 +246,6 @@ class PartitionedWriter:
             except Exception:  # noqa: BLE001 - best effort; the batch is redone
                 pass
         self._writers.clear()
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DatasetStore:

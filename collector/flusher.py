@@ -18,19 +18,20 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from nightshift.storage import fsync
+
 from . import failpoints, feedback, wal
 from .convert import LogBuilder, SpanBuilder
 from .datasets import DatasetStore
 from .feedback_table import FeedbackBuilder
+from .flusher_stats import (DUPLICATES, ERRORS, FEEDBACK, FLUSH_STARTED_S, LAST_FLUSH_S, LOGS, OLDEST_PENDING_NS,
+                            SEGMENTS, SPANS)
 
 log = logging.getLogger("nightshift.collector.flusher")
 
 #: Payload bytes converted at a time: bounds the flusher's memory whatever the
 #: segment size (each chunk becomes a row group of the segment's file).
 CHUNK_BYTES = 8 << 20
-
-from .flusher_stats import (DUPLICATES, ERRORS, FEEDBACK, FLUSH_STARTED_S, LAST_FLUSH_S, LOGS, OLDEST_PENDING_NS,
-                            SEGMENTS, SPANS)
 
 
 @dataclass
@@ -132,7 +133,7 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
                 res = flush_segment(seg, store, instance=instance)
                 failpoints.hit("flusher.after_commit")  # Parquet durable, segment not yet trimmed
                 seg.unlink()
-                wal._fsync_dir(directory)
+                fsync(directory)
             except Exception as e:  # noqa: BLE001 - the segment stays; retried with backoff
                 backoff = min(30.0, max(0.5, backoff * 2))
                 stats[ERRORS] += 1

@@ -1,6 +1,5 @@
 """What the receiver shares with its flusher process: the layout of the shared
-counters, and an entry point that imports the (heavy: pyarrow, polars) flusher
-only inside the child, so the receiver process stays small."""
+counters."""
 
 from __future__ import annotations
 
@@ -8,8 +7,3 @@ from __future__ import annotations
 SPANS, LOGS, DUPLICATES, SEGMENTS, ERRORS, LAST_FLUSH_S, OLDEST_PENDING_NS, FEEDBACK, FLUSH_STARTED_S = range(9)
 NSTATS = 9  # FLUSH_STARTED_S: wall time the segment being flushed was started, 0 when idle
 
-
-def run_flusher(*args, **kwargs) -> None:
-    from .flusher import run
-
-    run(*args, **kwargs)

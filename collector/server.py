@@ -35,6 +35,14 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
+def _run_flusher(*args, **kwargs) -> None:
+    """The flusher process's entry point: the (heavy: pyarrow, polars) flusher is
+    imported only inside the child, so the receiver process stays small."""
+    from .flusher import run
+
+    run(*args, **kwargs)
+
+
 class Collector:
     def __init__(self, cfg: CollectorConfig):
         self.cfg = cfg
@@ -53,7 +61,7 @@ class Collector:
 
     def _start_flusher(self) -> None:
         self._flusher = self._ctx.Process(
-            target=flusher_stats.run_flusher,
+            target=_run_flusher,
             args=(str(self.wal_dir), self.cfg.data, self.cfg.storage_options, self._flusher_stop, self._stats, os.getpid()),
             kwargs={"log_level": logging.getLogger().level, "dedup_window": self.cfg.dedup_window},
             name="nightshift-flusher",

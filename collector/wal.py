@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from nightshift.storage import fsync
+
 from .errors import Overloaded
 
 log = logging.getLogger("nightshift.collector.wal")
@@ -40,14 +42,6 @@ KINDS = {"traces": KIND_TRACES, "logs": KIND_LOGS, "feedback": KIND_FEEDBACK}
 
 ACTIVE = ".active"
 SEALED = ".sealed"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def instance_id(directory: Path) -> str:
@@ -70,7 +64,7 @@ def instance_id(directory: Path) -> str:
         ident = path.read_text().strip()
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(directory)
+    fsync(directory)
     return ident
 
 
@@ -149,7 +143,7 @@ def recover(directory: Path) -> int:
             os.fsync(f.fileno())
         p.rename(p.with_suffix(SEALED))
         log.info("wal: recovered %s with %d acknowledged records", p.name, count)
-    _fsync_dir(directory)
+    fsync(directory)
     for p in directory.iterdir():
         try:
             highest = max(highest, segment_id(p))
@@ -370,7 +364,7 @@ class WriteAheadLog:
         try:
             os.write(fd, MAGIC)
             os.fsync(fd)
-            _fsync_dir(self.dir)
+            fsync(self.dir)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -390,7 +384,7 @@ class WriteAheadLog:
             self._sealed_bytes += self._active_size
         else:
             self._path.unlink()
-        _fsync_dir(self.dir)
+        fsync(self.dir)
         self._active_size = 0
         self._active_records = 0
 

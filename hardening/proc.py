@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,28 +25,43 @@ def free_port() -> int:
 
 @dataclass
 class Collector:
+    """One real `nightshift collect` process: the harness of the tests
+    (tests/conftest.py's fixtures), the hardening campaigns and the benchmarks'
+    checks alike."""
+
     data: Path | str  # a folder, or an fsspec URL
     wal: Path
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
-    args: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     host: str = "127.0.0.1"  # where it listens; health and clients always use loopback
+    scheme: str = "http"  # https with --tls-cert/--tls-key
     proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0) -> "Collector":
+    @property
+    def http_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.grpc_port}"
+
+    def start(self, wait: bool = True, timeout: float = 30.0) -> "Collector":
         cmd = [sys.executable, "-m", "nightshift.cli", "collect", "--data", str(self.data), "--wal", str(self.wal),
-               "--grpc", f"{self.host}:{self.grpc_port}", "--http", f"{self.host}:{self.http_port}", *self.args]
+               "--grpc", f"{self.host}:{self.grpc_port}", "--http", f"{self.host}:{self.http_port}", *self.extra_args]
         env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "0.5", **self.env}
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.wait_healthy(timeout)
+        if wait:
+            self.wait_healthy(timeout)
         return self
 
     def health(self) -> dict | None:
+        ctx = ssl._create_unverified_context() if self.scheme == "https" else None  # the tests' self-signed cert
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.http_url}/healthz", timeout=2, context=ctx) as r:
                 return json.loads(r.read())
         except Exception:  # noqa: BLE001
             return None
@@ -54,11 +70,11 @@ class Collector:
         t0 = time.time()
         while time.time() - t0 < timeout:
             if self.proc and self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited with {self.proc.returncode}: {self.log_tail()}")
+                raise RuntimeError(f"collector exited with {self.proc.returncode}; log:\n{self.log_tail()}")
             if self.health():
                 return time.time() - t0
             time.sleep(0.05)
-        raise TimeoutError(f"collector not healthy after {timeout}s: {self.log_tail()}")
+        raise TimeoutError(f"collector not healthy after {timeout}s; log:\n{self.log_tail()}")
 
     def metrics(self) -> dict[str, float]:
         """`/metrics` as {'name{labels}': value}."""
@@ -72,6 +88,7 @@ class Collector:
         return out
 
     def stop(self, timeout: float = 120.0) -> int:
+        """SIGTERM: drain and flush. Returns the exit code."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(timeout)
@@ -89,7 +106,7 @@ class Collector:
 
         return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)] if self.proc else []
 
-    def log_tail(self, n: int = 4000) -> str:
+    def log_tail(self, n: int = 8000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-n:]
         except OSError:

@@ -70,7 +70,7 @@ def _bodies() -> dict[str, tuple[bytes, str]]:
 def tokens(root: Path | None = None) -> dict:
     """Every write path on both transports, with no token, a wrong one, the right one."""
     root = root or Path(tempfile.mkdtemp(prefix="nightshift-tokens-"))
-    c = Collector(root / "data", root / "wal", root / "collector.log", args=["--token", "s3cret"]).start()
+    c = Collector(root / "data", root / "wal", root / "collector.log", extra_args=["--token", "s3cret"]).start()
     bodies = _bodies()
     out = {"checks": 0, "refused_as_expected": 0, "accepted_as_expected": 0, "wrong": []}
     try:
@@ -142,7 +142,7 @@ def tls(root: Path | None = None) -> dict:
     root = root or Path(tempfile.mkdtemp(prefix="nightshift-tls-"))
     cert, key = self_signed(root)
     c = Collector(root / "data", root / "wal", root / "collector.log",
-                  args=["--tls-cert", str(cert), "--tls-key", str(key)])
+                  extra_args=["--tls-cert", str(cert), "--tls-key", str(key)])
     out: dict = {}
     c.health = lambda: _https_health(c, cert)  # type: ignore[method-assign]
     try:
@@ -194,7 +194,7 @@ def warning(root: Path | None = None) -> dict:
     root = root or Path(tempfile.mkdtemp(prefix="nightshift-warning-"))
     out = {}
     for name, args in (("no_token", []), ("token", ["--token", "t"])):
-        c = Collector(root / name / "data", root / name / "wal", root / f"{name}.log", args=args, host="0.0.0.0")
+        c = Collector(root / name / "data", root / name / "wal", root / f"{name}.log", extra_args=args, host="0.0.0.0")
         c.start()
         c.stop()
         text = c.log_path.read_text()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,85 +15,9 @@ from pathlib import Path
 import pytest
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class CollectorProcess:
-    data: Path
-    wal: Path
-    log_path: Path
-    grpc_port: int = field(default_factory=free_port)
-    http_port: int = field(default_factory=free_port)
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
-    scheme: str = "http"
-
-    @property
-    def http_url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.grpc_port}"
-
-    def start(self, wait: bool = True) -> "CollectorProcess":
-        cmd = [
-            sys.executable, "-m", "nightshift.cli", "collect",
-            "--data", str(self.data), "--wal", str(self.wal),
-            "--grpc", f"127.0.0.1:{self.grpc_port}", "--http", f"127.0.0.1:{self.http_port}",
-            *self.extra_args,
-        ]
-        env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "0.5", **self.env}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        if wait:
-            self.wait_healthy()
-        return self
-
-    def health(self) -> dict | None:
-        import ssl
-
-        ctx = ssl._create_unverified_context() if self.scheme == "https" else None
-        try:
-            with urllib.request.urlopen(f"{self.http_url}/healthz", timeout=1, context=ctx) as r:
-                return json.loads(r.read())
-        except Exception:  # noqa: BLE001
-            return None
-
-    def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc and self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited with {self.proc.returncode}; log:\n{self.log_text()}")
-            if self.health():
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"collector not healthy after {timeout}s; log:\n{self.log_text()}")
-
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM: drain and flush. Returns the exit code."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout)
-        self._log.close()
-        return rc
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-        self._log.close()
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-8000:]
-        except OSError:
-            return ""
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hardening.proc import Collector as CollectorProcess  # noqa: E402  the one collector harness
+from hardening.proc import free_port  # noqa: E402,F401  (tests import it from here)
 
 
 @pytest.fixture
@@ -113,7 +36,7 @@ def collector_factory(tmp_path, request):
             c.proc.wait(10)
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         for c in started:
-            print(f"--- collector log {c.log_path} ---\n{c.log_text()}")
+            print(f"--- collector log {c.log_path} ---\n{c.log_tail()}")
 
 
 @pytest.fixture
@@ -238,7 +161,7 @@ def serve_factory(tmp_path, tiny_model, request):
 def tool_adapter(tmp_path_factory, tiny_model) -> Path:
     """A LoRA version (r=64) that makes the tiny model answer "What is 12 * 7?" with
     a calculator tool call: an adapter whose effect shows in the served text."""
-    from nightshift.cli.settings import _apply
+    from nightshift.settings import apply
     from nightshift.trainer.config import TrainConfig
     from nightshift.trainer.run import train
     from transitions_data import CALC_TOOL, msg, row, write
@@ -247,7 +170,7 @@ def tool_adapter(tmp_path_factory, tiny_model) -> Path:
     call = msg("assistant", None, tool_calls=[{"id": "c1", "name": "calculator", "arguments": {"expression": "12*7"}}])
     write(root / "data", [row("What is 12 * 7?", call, 1.0, tools=CALC_TOOL, trajectory=f"{i:032x}") for i in range(16)])
     cfg = TrainConfig()
-    _apply(cfg, dict(data=str(root / "data"), base_model=str(tiny_model), output=str(root / "ck"), algorithm="sft",
+    apply(cfg, dict(data=str(root / "data"), base_model=str(tiny_model), output=str(root / "ck"), algorithm="sft",
                      max_steps=60, batch_size=4, learning_rate=5e-3, warmup=0.1, eval_fraction=0.0, tensorboard=False,
                      served_model_name="tiny", lora={"r": 64, "alpha": 128}), "fixture")
     return Path(train(cfg, progress=False).path)

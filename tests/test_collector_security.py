@@ -114,4 +114,4 @@ def test_loud_warning_when_listening_beyond_loopback_without_a_token(collector_f
     c.http_port = port
     c.start()
     assert c.stop() == 0
-    assert "WITHOUT a bearer token" in c.log_text()
+    assert "WITHOUT a bearer token" in c.log_tail()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from nightshift.cli.settings import _apply
+from nightshift.settings import apply
 from nightshift.trainer.config import TrainConfig
-from nightshift.trainer.gate import GateSettings, gate, valid_output
+from nightshift.publish.gate import GateSettings, gate, valid_output
 from nightshift.trainer.run import train
 from transitions_data import write
 
@@ -38,7 +38,7 @@ def _logged_episodes(policy_dir: Path, n: int, invert: bool = False) -> list[dic
     import evaluate
     import world
 
-    from nightshift.trainer.serve_engine import Engine
+    from nightshift.serve.engine import Engine
 
     engine = Engine(str(policy_dir), "world-policy")
     chat = evaluate.engine_chat(engine, None, 1.0, seed=7)
@@ -81,7 +81,7 @@ def candidates(tmp_path_factory, world_policy) -> dict:
 
     def make(name: str, data: str, **kw) -> str:
         cfg = TrainConfig()
-        _apply(cfg, {**dict(data=str(root / data), base_model=str(world_policy), output=str(root / name),
+        apply(cfg, {**dict(data=str(root / data), base_model=str(world_policy), output=str(root / name),
                             served_model_name="world-policy", epochs=4, batch_size=16, eval_fraction=0.25,
                             tensorboard=False, learning_rate=5e-3), **kw}, "test")
         return train(cfg, progress=False).path
@@ -98,7 +98,7 @@ def candidates(tmp_path_factory, world_policy) -> dict:
 
 def _gate(candidates, which: str):
     cfg = TrainConfig()
-    _apply(cfg, dict(data=str(candidates["root"] / "data"), base_model="unused: the manifest's base is used",
+    apply(cfg, dict(data=str(candidates["root"] / "data"), base_model="unused: the manifest's base is used",
                      served_model_name="world-policy", eval_fraction=0.25), "test")
     return gate(candidates[which], None, cfg, GateSettings(), log_dir=str(candidates["root"] / "gate-log"))
 

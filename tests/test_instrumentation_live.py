@@ -394,12 +394,12 @@ def live(request, tmp_path_factory) -> LiveRun:
                        for c in cases}
             runs = {c: f.result() for c, f in futures.items()}
         rc = collector.stop()
-        assert rc == 0, f"collector exited {rc}:\n{collector.log_text()}"
+        assert rc == 0, f"collector exited {rc}:\n{collector.log_tail()}"
     finally:
         if collector.proc and collector.proc.poll() is None:
             collector.proc.kill()
             collector.proc.wait(10)
-    live = LiveRun(data=collector.data, cases=runs, collector_log=collector.log_text(),
+    live = LiveRun(data=collector.data, cases=runs, collector_log=collector.log_tail(),
                    collector_log_path=collector.log_path)
     spans = read_spans(collector.data)
     if spans.height:

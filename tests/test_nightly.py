@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nightshift.cli.settings import _apply
-from nightshift.trainer import registry
+from nightshift.settings import apply
+from nightshift.publish import registry
 from nightshift.trainer.config import TrainConfig
-from nightshift.trainer.gate import GateSettings, gate
+from nightshift.publish.gate import GateSettings, gate
 from nightshift.trainer.run import train
 from traces import Trace, genai_call, write_spans
 from transitions_data import row, write
@@ -149,14 +149,14 @@ def test_the_gate_blocks_a_worse_checkpoint(tmp_path, tiny_model):
 
     def version(data: str, out: str) -> str:
         cfg = TrainConfig()
-        _apply(cfg, dict(data=str(tmp_path / data), base_model=str(tiny_model), output=str(tmp_path / out),
+        apply(cfg, dict(data=str(tmp_path / data), base_model=str(tiny_model), output=str(tmp_path / out),
                          max_steps=15, batch_size=8, learning_rate=2e-3, tensorboard=False, eval_fraction=0.3,
                          served_model_name="tiny"), "test")
         return train(cfg, progress=False).path
 
     good, worse = version("true", "good"), version("flipped", "worse")
     judge = TrainConfig()
-    _apply(judge, dict(data=str(tmp_path / "true"), base_model=str(tiny_model), eval_fraction=0.3), "test")
+    apply(judge, dict(data=str(tmp_path / "true"), base_model=str(tiny_model), eval_fraction=0.3), "test")
     quick = dict(samples=4, max_tokens=8)
     blocked = gate(worse, good, judge, GateSettings(**quick), log_dir=str(tmp_path))
     assert not blocked.passed and "ranks rewarded actions worse" in blocked.reason, blocked.lines()

@@ -17,8 +17,8 @@ import pytest
 from openai import OpenAI
 
 from conftest import free_port
-from nightshift.trainer import registry
-from nightshift.trainer.publish import PublishError, publish, rollback
+from nightshift.publish import registry
+from nightshift.publish.publish import PublishError, publish, rollback
 from transitions_data import CALC_TOOL
 
 Q = [{"role": "user", "content": "What is 12 * 7?"}]
@@ -154,7 +154,7 @@ def test_server_errors_reach_the_user_verbatim(tmp_path, tool_adapter, code, ety
 
 
 def test_transient_errors_are_retried_with_backoff(tmp_path, tool_adapter):
-    from nightshift.trainer.vllm_client import VLLMClient
+    from nightshift.publish.vllm_client import VLLMClient
 
     _Scripted.script = [(503, "{}"), (503, "{}"), (200, "Success: LoRA adapter 'a' added successfully.")]
     _Scripted.calls = []
@@ -171,7 +171,7 @@ def test_transient_errors_are_retried_with_backoff(tmp_path, tool_adapter):
 def test_a_load_that_timed_out_but_happened_is_not_an_error_on_retry(tmp_path, tool_adapter):
     """The first POST is answered 504 after the server did load the adapter; the
     retry hears "already been loaded". Serving that very path, it counts as done."""
-    from nightshift.trainer.vllm_client import VLLMClient, VLLMError
+    from nightshift.publish.vllm_client import VLLMClient, VLLMError
 
     already = json.dumps({"object": "error", "type": "InvalidUserInput", "code": 400,
                           "message": "The lora adapter 'a' has already been loaded. If you want to load the adapter "
@@ -211,7 +211,7 @@ def test_publishing_never_loads_in_place_and_moves_the_stable_name_by_unload_and
     33791): the publish path must never send it, move the stable name by unload +
     load, reset the prefix cache, and every answer must name the version that
     produced it."""
-    from nightshift.trainer.vllm_client import VLLMClient
+    from nightshift.publish.vllm_client import VLLMClient
 
     sent: list[tuple[str, dict | None]] = []
     real = VLLMClient._call

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from nightshift.cli.settings import load
+from nightshift.settings import load
 
 R = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -23,7 +23,7 @@ def _docs(name: str) -> list[dict]:
 def test_settings_file_loads_into_every_stage():
     from nightshift.collector.config import CollectorConfig
     from nightshift.trainer.config import TrainConfig
-    from nightshift.trainer.nightly import NightlyConfig
+    from nightshift.nightly.run import NightlyConfig
     from nightshift.transform.config import TransformConfig
 
     f = str(R / "nightshift.yaml")

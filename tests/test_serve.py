@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from openai import NotFoundError, OpenAI
 
-from nightshift.trainer.serve_engine import parse_tool_calls
+from nightshift.trainer.render import parse_tool_calls
 from transitions_data import CALC_TOOL
 
 Q = [{"role": "user", "content": "What is 12 * 7?"}]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nightshift.cli.settings import SettingsError, load
+from nightshift.settings import SettingsError, load
 from nightshift.collector.config import CollectorConfig
 from nightshift.collector.redact import DEFAULT_PRESETS
 
@@ -270,3 +270,15 @@ def test_collect_with_bad_env_value_exits_2(tmp_path):
                        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert r.returncode == 2
     assert "configuration error" in r.stderr and "max_inflight" in r.stderr
+
+
+def test_a_bad_value_names_its_setting_its_value_and_where_it_came_from(tmp_path):
+    with pytest.raises(SettingsError, match=r"^NIGHTSHIFT_COLLECTOR_MAX_REQUEST_BYTES='lots' \(collector\.max_request_bytes\): "
+                                            r"not a size or integer: 'lots'"):
+        cfg(tmp_path, env={"NIGHTSHIFT_COLLECTOR_MAX_REQUEST_BYTES": "lots"})
+    with pytest.raises(SettingsError, match=r"nightshift\.yaml \(collector\.max_request_bytes\): not a size"):
+        cfg(tmp_path, "collector:\n  max_request_bytes: lots\n")
+    from nightshift.transform.config import TransformConfig
+
+    with pytest.raises(SettingsError, match=r"^--settle \(transform\.settle\): not a number or duration: 'soon'"):
+        load(TransformConfig, "transform", None, {"settle": "soon"}, {})

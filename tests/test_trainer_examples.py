@@ -59,7 +59,7 @@ def test_kto_labels_by_threshold_and_shuffles():
 def test_kto_refuses_one_sided_labels_and_a_batch_of_one():
     with pytest.raises(TrainDataError, match="desirable and undesirable"):
         kto_examples(cfg(kto__threshold=0.5), [ex("q", "a", 1.0), ex("p", "b", 0.9)])
-    from nightshift.cli.settings import SettingsError
+    from nightshift.settings import SettingsError
 
     c = cfg(algorithm="kto", batch_size=1, base_model="tiny")
     with pytest.raises(SettingsError, match="batch_size >= 2"):

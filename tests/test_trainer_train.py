@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nightshift.cli.settings import _apply
+from nightshift.settings import apply
 from nightshift.trainer import checkpoint as ckpt
 from nightshift.trainer.config import TrainConfig
 from nightshift.trainer.run import train
@@ -29,7 +29,7 @@ def _cfg(tmp_path: Path, tiny_model: Path, **kw) -> TrainConfig:
                 served_model_name="Qwen/Qwen2.5-0.5B-Instruct")
     base.update(kw)
     cfg = TrainConfig()
-    _apply(cfg, base, "test")  # nested sections as mappings, like a YAML file
+    apply(cfg, base, "test")  # nested sections as mappings, like a YAML file
     return cfg
 
 
@@ -319,7 +319,7 @@ def test_a_template_that_fails_is_counted_with_its_message(tmp_path, tiny_model)
 
 
 def test_settings_from_yaml_and_environment(tmp_path):
-    from nightshift.cli.settings import SettingsError, load
+    from nightshift.settings import SettingsError, load
 
     f = tmp_path / "n.yaml"
     f.write_text("data: /d\ntrain:\n  base_model: /m\n  algorithm: kto\n  pg: {clip: truncate}\n  select: {models: [a, b]}\n")
@@ -406,3 +406,30 @@ def test_mu_is_recomputed_with_the_weights_of_the_version_that_made_each_call(tm
     want = [torch.log_softmax(logits[p - 1] / 0.5, -1)[feat["input_ids"][p]].item()
             for p in range(feat["completion_start"], len(feat["input_ids"]))]
     assert feat["old_logprobs"] == pytest.approx(want, abs=1e-4)
+
+
+def test_each_logging_step_prints_one_line_computed_from_the_steps_that_ran(tmp_path, tiny_model, capsys):
+    write(tmp_path / "data", _pairs(12))
+    res = train(_cfg(tmp_path, tiny_model, max_steps=3, logging_steps=1, tensorboard=True), progress=False)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("step ")]
+    assert [ln.split(" | ")[0] for ln in lines] == ["step 1/3", "step 2/3", "step 3/3"]
+    fields = [dict(p.split(" ", 1) if not p.endswith("tok/s") else ("tok/s", p.split()[0]) for p in ln.split(" | ")[1:])
+              for ln in lines]
+    # the trainer's own mean loss is the mean of the losses the lines show
+    assert sum(float(f["loss"]) for f in fields) / 3 == pytest.approx(res.train_loss, abs=1e-3)
+    assert all(float(f["tok/s"].replace(",", "")) > 0 for f in fields) and fields[-1]["ETA"] == "0s"
+    assert "MFU" not in lines[0]  # a CPU has no peak to measure against
+    # tokens/s reached TensorBoard beside the loss
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ev = EventAccumulator(str(Path(res.path) / "tensorboard")).Reload()
+    assert {"train/loss", "train/tokens_per_second"} <= set(ev.Tags()["scalars"])
+    assert len(ev.Scalars("train/tokens_per_second")) == 3
+
+
+def test_mfu_is_tokens_per_second_against_the_device_peak():
+    from nightshift.trainer.steplog import flops_per_token, peak_flops
+
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and peak_flops("cpu-thing") is None
+    # 0.5B parameters, LoRA adapters of 8M: 4N + 2n per token
+    assert flops_per_token(500_000_000, 8_000_000) == 2_016_000_000

@@ -734,7 +734,7 @@ def test_incremental_builds_redo_only_dates_with_new_spans_or_feedback(tmp_path)
 
 
 def test_incremental_refuses_a_window(tmp_path):
-    from nightshift.cli.settings import SettingsError
+    from nightshift.settings import SettingsError
 
     write_spans(tmp_path, [episode("w", 1.0)])
     with pytest.raises(SettingsError, match="incremental"):

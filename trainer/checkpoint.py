@@ -21,6 +21,8 @@ from pathlib import Path
 
 import fsspec
 
+from nightshift.storage import fsync_tree
+
 VERSION_RE = re.compile(r"^v(\d{4,})$")
 MANIFEST = "manifest.json"
 #: vLLM refuses adapters with these (vllm/lora/peft_helper.py, lora_model.py).
@@ -140,21 +142,6 @@ def staging_dir(output: str, work_dir: Path) -> Path:
     return d
 
 
-def _fsync_tree(folder: Path) -> None:
-    for p in folder.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def commit(staged: Path, manifest: dict, output: str, storage_options: dict | None = None) -> str:
     """Give the staged folder the next free version, manifest last, atomically.
     Returns the version's URL (or path)."""
@@ -166,7 +153,7 @@ def commit(staged: Path, manifest: dict, output: str, storage_options: dict | No
         manifest["files"] = file_hashes(staged)
         (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         if is_local(output):
-            _fsync_tree(staged)
+            fsync_tree(staged)
             final = Path(root) / version
             try:
                 os.rename(staged, final)  # fails if another run took this version meanwhile

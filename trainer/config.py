@@ -200,7 +200,7 @@ class TrainConfig:
         """Refuse settings that would silently do something else."""
         import re
 
-        from nightshift.cli.settings import SettingsError
+        from nightshift.settings import SettingsError
 
         if not self.base_model:
             raise SettingsError("base_model is required (--base-model PATH): the model to train")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from .select import TrainDataError
 MAX_TEMPLATE_TAIL = 2
 
 
-def _arguments(text: Any) -> Any:
+def tool_arguments(text: Any) -> Any:
     """Chat templates expect tool-call arguments as a mapping (they `tojson` it);
     the dataset keeps the model's JSON text. Unparseable text stays text."""
     if not isinstance(text, str):
@@ -41,7 +43,7 @@ def chat_message(m: dict) -> dict:
     if m.get("tool_calls"):
         out["tool_calls"] = [
             {"id": tc.get("id") or f"call_{i}", "type": "function",
-             "function": {"name": tc.get("name") or "", "arguments": _arguments(tc.get("arguments"))}}
+             "function": {"name": tc.get("name") or "", "arguments": tool_arguments(tc.get("arguments"))}}
             for i, tc in enumerate(m["tool_calls"])
         ]
     if m.get("tool_call_id"):
@@ -140,3 +142,27 @@ def _compare_logged(r: Rendered, row: dict, vocab: int) -> None:
     r.logged = "match"
     if lc is not None and lps is not None and len(lps) == len(lc) and all(x is not None and math.isfinite(x) and x <= 0 for x in lps):
         r.old_logprobs = [float(x) for x in lps] + [math.nan] * (len(r.completion_ids) - len(lc))
+
+
+#: A Hermes/Qwen tool call in generated text, what vLLM's `hermes` parser reads.
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) from generated text: Hermes-style blocks become OpenAI
+    tool calls (arguments as JSON text); a block that is not valid JSON stays text."""
+    calls, kept = [], text
+    for m in TOOL_CALL_RE.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict) or "name" not in obj:
+            continue
+        args = obj.get("arguments", {})
+        calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": str(obj["name"]),
+                                   "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
+        kept = kept.replace(m.group(0), "")
+    content = kept.strip() if calls else text
+    return (content or None) if calls else content, calls

@@ -21,10 +21,9 @@ from typing import Any
 import polars as pl
 
 from . import attrs as A
-from .classify import AGENT_OPERATIONS, INFERENCE_OPERATIONS
 from .conventions import Call, read_call, read_events, tools_from_events
-from .messages import MessageError, from_openai_messages, normalize_finish_reason
-from .rewards import AGL_SPAN_NAMES, CARRIER_KEYS, CARRIER_PREFIXES, from_span
+from .messages import normalize_finish_reason
+from .rewards import AGL_SPAN_NAMES, CARRIER_KEYS, CARRIER_PREFIXES
 
 #: Where each convention's content capture is turned on (the hint in the summary).
 CAPTURE_HINTS = {
@@ -96,6 +95,11 @@ class Counts:
             mine[0] += n
             mine[1] += bad
             mine[2] = mine[2] or example
+
+
+#: GenAI operations that are one LLM call (a row), and those that stand for an agent.
+INFERENCE_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 
 
 def transition_id(trace_id: str, span_id: str) -> str:
@@ -638,9 +642,3 @@ def events_of(df: pl.DataFrame) -> dict[tuple[str, str], list[dict]]:
         out.setdefault((t, s), []).append({"event_name": name, "body": None, "attributes": a})
     return out
 
-
-def openai_messages_or_none(value: Any) -> list[dict] | None:
-    try:
-        return from_openai_messages(value)
-    except MessageError:
-        return None

@@ -86,7 +86,7 @@ class TransformConfig:
 
     def check(self) -> None:
         """Refuse settings that would silently do something else."""
-        from nightshift.cli.settings import SettingsError
+        from nightshift.settings import SettingsError
 
         if self.credit.strategy not in CREDIT_STRATEGIES:
             raise SettingsError(f"credit.strategy must be one of {', '.join(CREDIT_STRATEGIES)}, got {self.credit.strategy!r}")

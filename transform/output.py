@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightshift.schemas import transitions
+from nightshift.storage import fsync
 
 FILE = "part-0.parquet"
 
@@ -62,7 +63,7 @@ def write_partition(fs: fsspec.AbstractFileSystem, root: str, date: str, tables:
                 os.rename(final, old)
                 shutil.rmtree(old, ignore_errors=True)
             return 0
-        _fsync(tmp)
+        fsync(tmp)
         if os.path.exists(final):
             old = os.path.join(root, f".old-{uuid.uuid4().hex[:8]}-{part}")
             os.rename(final, old)
@@ -70,7 +71,7 @@ def write_partition(fs: fsspec.AbstractFileSystem, root: str, date: str, tables:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync(root)
+        fsync(root)
         return rows
     rows = _write(tables, f"{final}/{FILE}", fs)
     existing = fs.ls(final, detail=False) if fs.exists(final) else []
@@ -104,11 +105,3 @@ def _write(tables: Iterable[pa.Table], path: str, fs) -> int:
         with open(path, "rb+") as fh:
             os.fsync(fh.fileno())
     return rows
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

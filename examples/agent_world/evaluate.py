@@ -26,7 +26,7 @@ class Score:
 
 
 def engine_chat(engine, adapter: str | None, temperature: float = 1.0, seed: int = 0):
-    from nightshift.trainer.serve_engine import parse_tool_calls
+    from nightshift.trainer.render import parse_tool_calls
 
     counter = [seed * 1_000_003]
 
@@ -42,7 +42,7 @@ def engine_chat(engine, adapter: str | None, temperature: float = 1.0, seed: int
 
 def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, seed: int = 12345,
           temperature: float = 1.0, engine=None) -> Score:
-    from nightshift.trainer.serve_engine import Engine
+    from nightshift.serve.engine import Engine
 
     engine = engine or Engine(str(model_dir), "policy")
     name = None

@@ -93,7 +93,7 @@ def build(out: Path, spec: PolicySpec | None = None, progress: bool = True) -> P
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from nightshift.cli.settings import _apply
+    from nightshift.settings import apply
     from nightshift.schemas import transitions
     from nightshift.trainer.config import TrainConfig
     from nightshift.trainer.run import train
@@ -122,7 +122,7 @@ def build(out: Path, spec: PolicySpec | None = None, progress: bool = True) -> P
             d.mkdir(parents=True)
             pq.write_table(pa.Table.from_pylist(subset, schema=transitions.SCHEMA), d / "demos.parquet")
             cfg = TrainConfig()
-            _apply(cfg, dict(data=str(work / f"data{phase}"), base_model=str(base), output=str(work / f"ck{phase}"),
+            apply(cfg, dict(data=str(work / f"data{phase}"), base_model=str(base), output=str(work / f"ck{phase}"),
                              algorithm="sft", full_finetune=True, epochs=epochs, batch_size=spec.batch_size,
                              learning_rate=lr, warmup=0.05, eval_fraction=0.0, tensorboard=False, max_length=1024,
                              seed=spec.seed, save_steps=10**6, sft={"threshold": 0.0},

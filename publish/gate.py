@@ -44,7 +44,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .config import TrainConfig
+from nightshift.trainer.config import TrainConfig
 
 log = logging.getLogger("nightshift.gate")
 
@@ -121,7 +121,7 @@ def well_formed(row: dict, fallback: list[dict] | None = None) -> bool:
     text with no broken tool-call markup. Malformed actions are the generation
     check's business; left in the ranking they swamp it (a candidate that got
     sharper on any well-formed output ranks every garbage row down)."""
-    from .render import tools_of
+    from nightshift.trainer.render import tools_of
 
     out = row.get("output_message") or {}
     calls = out.get("tool_calls") or []
@@ -174,8 +174,8 @@ def lower_bound(hits: list[float], pairs: list[tuple[int, int]], trajectories: l
 def _mean_logps(model, features: list[dict], tok, cfg: TrainConfig) -> list[float]:
     import torch
 
-    from .model import packed
-    from .pg import collate, completion_logprobs
+    from nightshift.trainer.model import packed
+    from nightshift.trainer.pg import collate, completion_logprobs
 
     device = next(model.parameters()).device
     out: list[float] = []
@@ -193,7 +193,7 @@ def _mean_logps(model, features: list[dict], tok, cfg: TrainConfig) -> list[floa
 def valid_output(text: str, tools: list[dict] | None) -> bool:
     """A valid tool call (every `<tool_call>` block JSON with an offered tool's name
     and its required arguments) or clean text (non-empty, no tool-call markup)."""
-    from .serve_engine import parse_tool_calls
+    from nightshift.trainer.render import parse_tool_calls
 
     content, calls = parse_tool_calls(text)
     if not calls:
@@ -236,7 +236,7 @@ def _generate(model, tok, prompts: list[tuple[list[int], float]], max_tokens: in
 
 
 def _score(cfg: TrainConfig, folder: str | None, tok, features: list[dict], prompts, tools, settings) -> dict:
-    from .model import load_version, on_gpu
+    from nightshift.trainer.model import load_version, on_gpu
 
     model = load_version(cfg, folder)
     if on_gpu():
@@ -274,9 +274,9 @@ def _command(settings: GateSettings, candidate: str, published: str | None, base
 
 def _held_out(cfg: TrainConfig):
     """The held-out examples of the candidate's own window and split."""
-    from .examples import load_fallback_tools, prepare
-    from .model import load_tokenizer
-    from .select import select
+    from nightshift.trainer.examples import load_fallback_tools, prepare
+    from nightshift.trainer.model import load_tokenizer
+    from nightshift.trainer.select import select
 
     tok = load_tokenizer(cfg)
     return tok, prepare(cfg, tok, select(cfg)).eval, load_fallback_tools(cfg)
@@ -286,10 +286,10 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
          log_dir: str | None = None) -> GateDecision:
     """Decide whether `candidate` (a local version folder) may replace `published`
     (a version folder, or None: the base model is serving)."""
-    from .checkpoint import read_manifest
-    from .examples import pg_features
-    from .render import tools_of
-    from .select import TrainDataError
+    from nightshift.trainer.checkpoint import read_manifest
+    from nightshift.trainer.examples import pg_features
+    from nightshift.trainer.render import tools_of
+    from nightshift.trainer.select import TrainDataError
 
     man = read_manifest(candidate)
     cfg = copy.deepcopy(train_cfg)

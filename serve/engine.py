@@ -12,10 +12,8 @@ vLLM's status codes, types and messages.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import re
 import threading
 import time
 import uuid
@@ -27,7 +25,6 @@ import torch
 
 log = logging.getLogger("nightshift.serve")
 
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 class ServeError(Exception):
@@ -63,7 +60,7 @@ def _text(content: Any) -> str:
 def template_messages(messages: list[dict]) -> list[dict]:
     """OpenAI request messages as chat templates want them: text content, tool-call
     arguments as mappings."""
-    from .render import _arguments
+    from nightshift.trainer.render import tool_arguments
 
     out = []
     for m in messages:
@@ -74,7 +71,7 @@ def template_messages(messages: list[dict]) -> list[dict]:
             msg["tool_calls"] = [
                 {"id": tc.get("id"), "type": "function",
                  "function": {"name": tc.get("function", {}).get("name", ""),
-                              "arguments": _arguments(tc.get("function", {}).get("arguments"))}}
+                              "arguments": tool_arguments(tc.get("function", {}).get("arguments"))}}
                 for tc in m["tool_calls"]
             ]
         for k in ("tool_call_id", "name"):
@@ -82,26 +79,6 @@ def template_messages(messages: list[dict]) -> list[dict]:
                 msg[k] = m[k]
         out.append(msg)
     return out
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) from generated text: Hermes-style blocks become OpenAI
-    tool calls (arguments as JSON text); a block that is not valid JSON stays text."""
-    calls, kept = [], text
-    for m in TOOL_CALL_RE.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict) or "name" not in obj:
-            continue
-        args = obj.get("arguments", {})
-        calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": str(obj["name"]),
-                                   "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
-        kept = kept.replace(m.group(0), "")
-    content = kept.strip() if calls else text
-    return (content or None) if calls else content, calls
 
 
 @dataclass
@@ -149,7 +126,7 @@ class Engine:
         p = Path(path)
         if not (p / "adapter_config.json").is_file():
             raise ServeError(404, "NotFoundError", f"Loading lora {name} failed: No adapter found for {path}")
-        from .checkpoint import vllm_problems
+        from nightshift.trainer.checkpoint import vllm_problems
 
         problems = vllm_problems(p, self.max_lora_rank)
         if problems:  # vLLM's engine refuses these in add_lora, answered as a 500

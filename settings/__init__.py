@@ -80,32 +80,43 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _apply(obj: Any, values: dict, where: str) -> None:
+def _apply(obj: Any, values: dict, path: str, origin) -> None:
+    """Set `values` on `obj` (a section's dataclass at `path`, e.g. `collector.redact`);
+    `origin(path)` names where a value came from, for the error that names it."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in values.items():
+        here = f"{path}.{key}"
         if key not in names:
-            raise SettingsError(f"{where}: unknown setting {key!r} (known: {', '.join(sorted(names))})")
+            raise SettingsError(f"{origin(here)} ({here}): unknown setting {key!r} (known in {path}: {', '.join(sorted(names))})")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise SettingsError(f"{where}.{key}: expected a mapping")
-            _apply(current, value, f"{where}.{key}")
+                raise SettingsError(f"{origin(here)} ({here}): expected a mapping, got {value!r}")
+            _apply(current, value, here, origin)
         else:
-            setattr(obj, key, _coerce(value, hints[key], f"{where}.{key}"))
+            setattr(obj, key, _coerce(value, hints[key], f"{origin(here)} ({here})"))
 
 
-def _env(obj: Any, prefix: str, env: dict, shared: bool) -> dict:
+def apply(obj: Any, values: dict, source: str = "code") -> None:
+    """Settings given as a mapping (nested sections as mappings, as in the YAML file)
+    onto a config dataclass, coerced and checked like any other source."""
+    _apply(obj, values, type(obj).__name__, lambda path: source)
+
+
+def _env(obj: Any, prefix: str, env: dict, shared: bool, path: str, names: dict[str, str]) -> dict:
+    """The values set by environment variables, and (in `names`) each one's variable."""
     out: dict = {}
     for f in dataclasses.fields(obj):
         name = f"NIGHTSHIFT_{f.name.upper()}" if shared and f.name in SHARED else f"{prefix}_{f.name.upper()}"
         current = getattr(obj, f.name)
         if dataclasses.is_dataclass(current):
-            sub = _env(current, name, env, False)
+            sub = _env(current, name, env, False, f"{path}.{f.name}", names)
             if sub:
                 out[f.name] = sub
         elif name in env:
             out[f.name] = env[name]
+            names[f"{path}.{f.name}"] = f"{name}={env[name]!r}"
     return out
 
 
@@ -127,7 +138,10 @@ def load(cls: type, section: str, config_file: str | None = None, flags: dict | 
         sec = doc.get(section) or {}
         if not isinstance(sec, dict):
             raise SettingsError(f"{config_file}: `{section}:` must be a mapping")
-        _apply(obj, {**top, **sec}, f"{config_file}:{section}")
-    _apply(obj, _env(obj, f"NIGHTSHIFT_{section.upper()}", os.environ if env is None else env, True), "environment")
-    _apply(obj, {k: v for k, v in (flags or {}).items() if v is not None}, "flags")
+        _apply(obj, {**top, **sec}, section, lambda path: config_file)
+    var_of: dict[str, str] = {}
+    values = _env(obj, f"NIGHTSHIFT_{section.upper()}", os.environ if env is None else env, True, section, var_of)
+    _apply(obj, values, section, lambda path: var_of.get(path, "environment"))
+    _apply(obj, {k: v for k, v in (flags or {}).items() if v is not None}, section,
+           lambda path: "--" + path.rsplit(".", 1)[-1].replace("_", "-"))
     return obj

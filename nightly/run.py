@@ -29,10 +29,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import registry
-from .checkpoint import is_local, read_manifest, versions
-from .config import TrainConfig
-from .gate import GateSettings
+from nightshift.publish import registry
+from nightshift.trainer.checkpoint import is_local, read_manifest, versions
+from nightshift.trainer.config import TrainConfig
+from nightshift.publish.gate import GateSettings
 
 log = logging.getLogger("nightshift.nightly")
 
@@ -71,7 +71,7 @@ class NightlyConfig:
     gate: GateSettings = field(default_factory=GateSettings)
 
     def check(self) -> None:
-        from nightshift.cli.settings import SettingsError
+        from nightshift.settings import SettingsError
 
         if self.mode not in ("lora", "full"):
             raise SettingsError(f"nightly.mode must be lora or full, got {self.mode!r}")
@@ -165,10 +165,10 @@ def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetim
 def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress) -> tuple[int, dict]:
     from nightshift.transform.build import BuildError, build
 
-    from .gate import gate
-    from .publish import publish
-    from .run import train
-    from .select import TrainDataError
+    from nightshift.publish.gate import gate
+    from nightshift.publish.publish import publish
+    from nightshift.trainer.run import train
+    from nightshift.trainer.select import TrainDataError
 
     prev = _load(state_dir)
     if prev is None or prev.get("stage") == "done":

@@ -25,7 +25,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
-from .serve_engine import Engine, ServeError, logprob_entry, parse_tool_calls
+from nightshift.trainer.render import parse_tool_calls
+
+from .engine import Engine, ServeError, logprob_entry
 
 log = logging.getLogger("nightshift.serve")
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import registry
-from .checkpoint import MANIFEST, fetch, is_local, read_manifest, vllm_problems
+from nightshift.trainer.checkpoint import MANIFEST, fetch, is_local, read_manifest, vllm_problems
 from .vllm_client import VLLMClient, VLLMError
 
 log = logging.getLogger("nightshift.publish")
@@ -229,7 +229,7 @@ def _publish_full(client, checkpoint, local: Path, manifest, ckpts, endpoint, ba
     if manifest.get("kind") == "full":
         weights = str(local.resolve())
     else:
-        from .merge import merge
+        from nightshift.trainer.merge import merge
 
         dest = Path(adapter_root or (ckpts if is_local(ckpts) else ".")) / "merged" / version
         if not (dest / "config.json").exists():

@@ -1,0 +1,127 @@
+"""The layout stays what docs/ARCHITECTURE.md says: each top-level folder is one
+stage, a stage imports only from the stages before it, no module reaches for
+another's private names, and no modules import each other in a loop. Read with
+`ast` (nothing imported), every import counted, those inside functions included."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Stage -> the stages it may import from (itself always). Data flows down this list:
+#: receiver -> log -> datasets -> transitions -> trainer -> checkpoint -> endpoint.
+STAGES: dict[str, set[str]] = {
+    "schemas": set(),
+    "settings": set(),
+    "storage": set(),
+    "collector": {"schemas", "settings", "storage"},
+    "transform": {"schemas", "settings", "storage"},
+    "trainer": {"schemas", "settings", "storage"},
+    "publish": {"schemas", "settings", "storage", "trainer"},
+    "serve": {"schemas", "settings", "storage", "trainer"},
+    "nightly": {"schemas", "settings", "storage", "transform", "trainer", "publish"},
+    "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "serve", "nightly"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for stage in STAGES:
+        for path in sorted((ROOT / stage).glob("*.py")):
+            name = f"nightshift.{stage}" + ("" if path.stem == "__init__" else f".{path.stem}")
+            out[name] = path
+    return out
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(module imported, names taken from it, line) for every import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("nightshift.")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("nightshift."):
+                continue
+            names = [a.name for a in node.names]
+            # `from . import registry` imports a module, not a name
+            subs = [n for n in names if f"{mod}.{n}" in MODULES]
+            out += [(f"{mod}.{n}", [], node.lineno) for n in subs]
+            rest = [n for n in names if n not in subs]
+            if rest:
+                out.append((mod, rest, node.lineno))
+    return out
+
+
+MODULES = _modules()
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _stage(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_stage_folder_is_a_package_the_install_knows():
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(cfg["package-dir"]) == {f"nightshift.{s}" for s in STAGES}
+    assert set(cfg["packages"]) == {f"nightshift.{s}" for s in STAGES}
+
+
+def test_stages_import_only_from_earlier_stages():
+    bad = [f"{MODULES[src].relative_to(ROOT)}:{line} imports {mod}"
+           for src, imports in GRAPH.items() for mod, _, line in imports
+           if _stage(mod) != _stage(src) and _stage(mod) not in STAGES[_stage(src)]]
+    assert not bad, "imports against the flow of data:\n" + "\n".join(bad)
+
+
+def test_no_module_takes_another_modules_private_names():
+    bad = [f"{MODULES[src].relative_to(ROOT)}:{line} takes {n} from {mod}"
+           for src, imports in GRAPH.items() for mod, names, line in imports
+           for n in names if n.startswith("_") and not n.startswith("__") and mod != src]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    edges = {src: sorted({m for m, _, _ in imports if m in MODULES and m != src}) for src, imports in GRAPH.items()}
+    # a package's __init__ importing its own modules is how a package hands names on
+    edges = {s: [m for m in ms if not (s.count(".") == 1 and m.startswith(s + "."))] for s, ms in edges.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in edges[n]:
+            if state.get(m) == 1:
+                cycles.append(" -> ".join(stack[stack.index(m):] + [m]))
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n)
+    assert not cycles, "modules that import each other:\n" + "\n".join(cycles)
+
+
+def test_architecture_doc_names_every_stage_and_module():
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [f"{s}/" for s in STAGES if f"{s}/" not in doc]
+    missing += [str(p.relative_to(ROOT)) for n, p in MODULES.items() if p.stem != "__init__" and p.name not in doc]
+    assert not missing, "docs/ARCHITECTURE.md does not mention: " + ", ".join(missing)
+    for folder in re.findall(r"`([a-z_]+)/`", doc):
+        assert (ROOT / folder).is_dir(), f"docs/ARCHITECTURE.md names {folder}/, which does not exist"
