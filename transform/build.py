@@ -395,12 +395,29 @@ class _Ctx:
     dates: set[str] | None = None  # an incremental build's dates; None: every date in the window
 
 
-def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
+def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame | None]:
     """Transition rows (without advantage and token ids) of every settled trajectory
-    in `df`, which holds whole traces, and their token ids by `transition_id`."""
-    cfg, summary = ctx.cfg, ctx.summary
+    in `df`, which holds whole traces, and their token ids by `transition_id`:
+    read the calls -> normalize them -> group them into trajectories and assign
+    credit -> rows."""
     if df.height == 0:
         return [], None
+    df = _prepare(df, ctx.summary)
+    cfg = ctx.cfg
+    group_attr = cfg.group_by.split(":", 1)[1] if cfg.group_by.startswith("attribute:") else None
+    cls = C.classify(df, tuple(cfg.reward.keys), group_attr)
+    anc = C.ancestry(df, cls)
+    traces = _traces(df, cls, cfg)
+    carriers = df.filter(cls["carrier"])
+    root_calls = set(df.filter(cls["is_call"] & pl.col("parent_span_id").is_null())["span_id"].to_list())
+    call_rows = df.filter(cls["is_call"]).drop("parent_span_id", "name", strict=False)
+    del df  # the bucket's spans: only the calls and reward carriers are still needed
+    records, tokens = _normalize(call_rows, anc, root_calls, ctx)
+    rows = _assign_credit(records, traces, _span_rewards(carriers, ctx), ctx)
+    return _with_tokens(rows, tokens)
+
+
+def _prepare(df: pl.DataFrame, summary: Summary) -> pl.DataFrame:
     df = df.with_columns(
         pl.col("start_time").cast(pl.Int64).alias("start_ns"),
         pl.col("end_time").cast(pl.Int64).alias("end_ns"),
@@ -410,11 +427,28 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     if df.select(pl.struct("trace_id", "span_id").is_duplicated().any()).item():
         df = df.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
     summary.spans += df.height
-    group_attr = cfg.group_by.split(":", 1)[1] if cfg.group_by.startswith("attribute:") else None
-    cls = C.classify(df, tuple(cfg.reward.keys), group_attr)
-    anc = C.ancestry(df, cls)
+    return df
 
-    # Per trace: settling, root, conversation, grouping attribute.
+
+@dataclass
+class _Traces:
+    """Per trace: settling, root, conversation, grouping attribute; and, for linked
+    trajectories, the trace each one joins."""
+
+    info: dict[str, dict]
+    linked_to: dict[str, str]
+
+    def trajectory(self, trace_id: str, how: str) -> str:
+        if how == "linked":
+            return self.linked_to.get(trace_id, trace_id)
+        if how == "conversation":
+            sess = self.info[trace_id]["session"]
+            if sess:
+                return "conversation:" + sess
+        return trace_id
+
+
+def _traces(df: pl.DataFrame, cls: pl.DataFrame, cfg: TransformConfig) -> _Traces:
     per_trace = df.select("trace_id", "parent_span_id", "received_ns", "start_ns", "end_ns").hstack(
         cls.select("session", "group_attr")).group_by("trace_id").agg(
         pl.col("received_ns").max().alias("last_received"),
@@ -423,14 +457,14 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         pl.col("session").drop_nulls().first().alias("session"),
         pl.col("group_attr").drop_nulls().first().alias("group_attr"),
     )
-    trace_info = {r["trace_id"]: r for r in per_trace.iter_rows(named=True)}
-    linked_to = _linked_components(df) if cfg.trajectory == "linked" else {}
+    return _Traces({r["trace_id"]: r for r in per_trace.iter_rows(named=True)},
+                   _linked_components(df) if cfg.trajectory == "linked" else {})
 
-    # The calls, read in Python.
-    root_calls = set(df.filter(cls["is_call"] & pl.col("parent_span_id").is_null())["span_id"].to_list())
-    call_rows = df.filter(cls["is_call"]).drop("parent_span_id", "name", strict=False)
-    carriers = df.filter(cls["carrier"])
-    del df  # the bucket's spans: only the calls and reward carriers are still needed
+
+def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
+               ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
+    """One record per call, whatever its instrumentation's layout, with its agent;
+    double-recorded calls merged. Token ids stay in Arrow, by call index."""
     ctx.counts.calls_seen += call_rows.height
     call_attrs = A.to_dicts_without(call_rows["attributes"], C.TOKEN_KEYS)
     tokens = C.token_columns(call_rows)
@@ -442,6 +476,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     span_events = C.events_of(call_rows)
     meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
                             "scope_name", "dropped_attributes_count").to_dicts()
+    del call_rows
     records = []
     for i, (row, attrs) in enumerate(zip(meta, call_attrs)):
         key = (row["trace_id"], row["span_id"])
@@ -454,7 +489,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
         ctx.counts.saw(row.get("scope_name"), not unreadable, row["span_id"])
         if not unreadable:  # never a row whose content was guessed at
             records.append(rec)
-    del call_attrs, call_rows
+    del call_attrs
     info = anc.to_dicts()  # one per call, in call_rows' order
     outer_of = {}
     for rec in records:
@@ -466,7 +501,12 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
     records = C.dedupe(records, outer_of, ctx.counts)
     records = C.merge_detached(records, root_calls, ctx.counts)
 
-    # Rewards carried by spans.
+    return records, tokens
+
+
+def _span_rewards(carriers: pl.DataFrame, ctx: _Ctx) -> dict[str, list[Observation]]:
+    """Rewards carried by spans, by trace."""
+    cfg = ctx.cfg
     span_obs: dict[str, list[Observation]] = defaultdict(list)
     if carriers.height:
         for (t, s, name, start), attrs in zip(carriers.select("trace_id", "span_id", "name", "start_ns").iter_rows(),
@@ -475,133 +515,156 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
             ctx.counts.bad_rewards += bad
             for rname, value, detail, primary in found:
                 span_obs[t].append(Observation(rname, value, "span", detail, int(start or 0), s, primary))
+    return span_obs
 
-    # Trajectories.
-    def traj_key(trace_id: str) -> str:
-        if cfg.trajectory == "linked":
-            return linked_to.get(trace_id, trace_id)
-        if cfg.trajectory == "conversation":
-            sess = trace_info[trace_id]["session"]
-            if sess:
-                return "conversation:" + sess
-        return trace_id
 
+def _assign_credit(records: list[dict], traces: _Traces, span_obs: dict[str, list[Observation]],
+                   ctx: _Ctx) -> list[dict]:
+    """The calls grouped into trajectories, and the rows of those that settled, each
+    with its reward and credit."""
     by_traj: dict[str, list[dict]] = defaultdict(list)
     for rec in records:
-        by_traj[traj_key(rec["trace_id"])].append(rec)
+        by_traj[traces.trajectory(rec["trace_id"], ctx.cfg.trajectory)].append(rec)
     traces_of: dict[str, list[str]] = defaultdict(list)
-    for t in trace_info:
-        traces_of[traj_key(t)].append(t)
+    for t in traces.info:
+        traces_of[traces.trajectory(t, ctx.cfg.trajectory)].append(t)
+    rows: list[dict] = []
+    for key in sorted(by_traj):
+        rows += _trajectory_rows(key, by_traj[key], sorted(traces_of[key]), traces, span_obs, ctx)
+    return rows
 
+
+def _trajectory_rows(key: str, calls: list[dict], tids: list[str], traces: _Traces,
+                     span_obs: dict[str, list[Observation]], ctx: _Ctx) -> list[dict]:
+    """One trajectory's rows: none while it may still grow (settling) or when it
+    started outside the window."""
+    cfg, summary = ctx.cfg, ctx.summary
+    trace_info = traces.info
     settle_ns = int(cfg.settle * 1e9)
     rows: list[dict] = []
-    fb = ctx.feedback
-    for key in sorted(by_traj):
-        steps = sorted(by_traj[key], key=lambda r: (r["start_ns"] or 0, r["span_id"]))
-        tids = sorted(traces_of[key])
-        infos = [trace_info[t] for t in tids]
-        last = max(i["last_received"] or 0 for i in infos)
-        rooted = all(i["root_ended"] for i in infos)
-        quiet = ctx.now_ns - last
-        if settle_ns > 0 and not (quiet >= settle_ns and (rooted or quiet >= 6 * settle_ns)):
-            summary.waiting += 1
+    steps = sorted(calls, key=lambda r: (r["start_ns"] or 0, r["span_id"]))
+    infos = [trace_info[t] for t in tids]
+    last = max(i["last_received"] or 0 for i in infos)
+    rooted = all(i["root_ended"] for i in infos)
+    quiet = ctx.now_ns - last
+    if settle_ns > 0 and not (quiet >= settle_ns and (rooted or quiet >= 6 * settle_ns)):
+        summary.waiting += 1
+        return []
+    if not rooted:
+        for s in steps:
+            s["flags"].append("orphan")
+    start_ns = min(i["first_start"] for i in infos if i["first_start"] is not None)
+    day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
+    if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
+            or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
+        summary.outside_window += 1
+        return []
+    C.rebuild_history(steps)
+    session = next((i["session"] for i in infos if i["session"]), None)
+    trajectory_id = key if not key.startswith("conversation:") else _hash(key)
+    observations = _observations(trajectory_id, tids, session, steps, span_obs, ctx)
+    best = outcome(observations, cfg.reward.name, cfg.reward.prefer)
+    R, R_src = (best.value, best.detail) if best else (None, None)
+    if best is None and cfg.reward.default:
+        R, R_src = float(cfg.reward.default), "default"
+    if R is None:
+        summary.unrated += 1
+    else:
+        summary.rewards_by_source[R_src.split(":", 1)[0] if R_src != "default" else "default"] += 1
+    step_rewards = _per_step_rewards(observations, best, steps, cfg) if cfg.credit.strategy == "per_step" else {}
+    credits = credit.assign(len(steps), R, R_src, step_rewards, cfg.credit.strategy, cfg.credit.gamma)
+    if cfg.credit.tool_error_penalty:
+        errored = credit.tool_errors(steps, ctx.tool_error)
+        if any(errored):
+            credits = credit.penalize(credits, errored, cfg.credit.tool_error_penalty)
+            for s, bad in zip(steps, errored):
+                if bad:
+                    s["flags"].append("tool_error")
+    group_text = _group_text(cfg, steps, session, infos[0]["group_attr"] if infos else None)
+    group_id = _hash("group:" + group_text, 16) if group_text else None
+    selected = []
+    for i, (s, c) in enumerate(zip(steps, credits)):
+        name = s["agent_name"] or ""
+        if (ctx.include and not ctx.include.search(name)) or (ctx.exclude and ctx.exclude.search(name)):
+            summary.dropped_by_agent += 1
             continue
-        if not rooted:
-            for s in steps:
-                s["flags"].append("orphan")
-        start_ns = min(i["first_start"] for i in infos if i["first_start"] is not None)
-        day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
-        if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
-                or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
-            summary.outside_window += 1
+        selected.append((i, s, c))
+    rated = sum(1 for _, _, c in selected if c.ret is not None) or len(selected) or 1
+    summary.trajectories += 1 if selected else 0
+    for i, s, c in selected:
+        for f in s["flags"]:
+            summary.flagged[f] += 1
+        if "content_missing" in s["flags"]:
+            summary.content_missing[s["convention"]] += 1
+        rows.append({
+            "transition_id": C.transition_id(s["trace_id"], s["span_id"]),
+            "trace_id": s["trace_id"], "span_id": s["span_id"], "trajectory_id": trajectory_id,
+            "group_id": group_id, "step": i, "num_steps": len(steps), "agent_name": s["agent_name"],
+            "service_name": s["service_name"], "model": s["model"], "provider": s["provider"],
+            "request_model": s["request_model"], "response_model": s["response_model"],
+            "policy_version": s["policy_version"], "temperature": s["temperature"],
+            "input_messages": s["input_messages"], "output_message": s["output_message"], "tools": s["tools"],
+            "finish_reason": s["finish_reason"], "prompt_token_ids": None,
+            "completion_token_ids": None, "completion_logprobs": s["completion_logprobs"],
+            "input_tokens": s["input_tokens"], "output_tokens": s["output_tokens"],
+            "reward": c.reward, "reward_source": c.source, "return": c.ret, "advantage": None,
+            "start_time": s["start_ns"], "end_time": s["end_ns"], "convention": s["convention"],
+            "truncated": s["truncated"],
+            "weight": (1.0 / rated) if cfg.advantage.weighting == "trajectory" else 1.0,
+            "flags": s["flags"], "schema_version": SCHEMA_VERSION, "_date": day.isoformat(),
+            "_order": (start_ns, trajectory_id, i), "_call": s["_call"],
+        })
+    return rows
+
+
+def _observations(trajectory_id: str, tids: list[str], session: str | None, steps: list[dict],
+                  span_obs: dict[str, list[Observation]], ctx: _Ctx) -> list[Observation]:
+    """Every reward found for a trajectory: on its spans, in feedback posted later
+    (by trace or conversation), from the user's reward functions."""
+    summary, fb = ctx.summary, ctx.feedback
+    observations = [o for t in tids for o in span_obs.get(t, [])]
+    if fb.height:
+        mask = pl.col("trace_id").is_in(tids)
+        if session:
+            mask = mask | (pl.col("conversation_id") == session)
+        for r in fb.filter(mask).iter_rows(named=True):
+            observations.append(Observation(r["name"], r["value"], "feedback", f"feedback:{r['name']}",
+                                            int(r["received_time"] or 0), r["span_id"], False))
+    if ctx.functions:
+        traj = Trajectory(trajectory_id, tids, session, steps[0]["service_name"], steps, list(observations))
+        for spec, fn in ctx.functions:
+            got, err = call_function(spec, fn, traj, ctx.now_ns)
+            if err:
+                summary.reward_errors += 1
+                if summary.reward_errors <= 3:
+                    log.warning("reward function %s failed on trajectory %s: %s", spec, trajectory_id, err)
+                for s in steps:
+                    s["flags"].append("reward_function_error")
+            observations += got
+    return observations
+
+
+def _per_step_rewards(observations: list[Observation], best: Observation | None, steps: list[dict],
+                      cfg: TransformConfig) -> dict[int, list[tuple[float, str]]]:
+    """per_step credit: each reward other than the outcome goes to the call it rates
+    (feedback naming a span) or to the call that ended last before it was given."""
+    step_rewards: dict[int, list[tuple[float, str]]] = defaultdict(list)
+    chosen = best.name if best else cfg.reward.name
+    index = {s["span_id"]: i for i, s in enumerate(steps)}
+    for o in observations:
+        if o is best or (chosen and o.name != chosen) or (not chosen and not o.primary):
             continue
-        C.rebuild_history(steps)
-        session = next((i["session"] for i in infos if i["session"]), None)
-        trajectory_id = key if not key.startswith("conversation:") else _hash(key)
-        observations = [o for t in tids for o in span_obs.get(t, [])]
-        if fb.height:
-            mask = pl.col("trace_id").is_in(tids)
-            if session:
-                mask = mask | (pl.col("conversation_id") == session)
-            for r in fb.filter(mask).iter_rows(named=True):
-                observations.append(Observation(r["name"], r["value"], "feedback", f"feedback:{r['name']}",
-                                                int(r["received_time"] or 0), r["span_id"], False))
-        service = steps[0]["service_name"]
-        if ctx.functions:
-            traj = Trajectory(trajectory_id, tids, session, service, steps, list(observations))
-            for spec, fn in ctx.functions:
-                got, err = call_function(spec, fn, traj, ctx.now_ns)
-                if err:
-                    summary.reward_errors += 1
-                    if summary.reward_errors <= 3:
-                        log.warning("reward function %s failed on trajectory %s: %s", spec, trajectory_id, err)
-                    for s in steps:
-                        s["flags"].append("reward_function_error")
-                observations += got
-        best = outcome(observations, cfg.reward.name, cfg.reward.prefer)
-        R, R_src = (best.value, best.detail) if best else (None, None)
-        if best is None and cfg.reward.default:
-            R, R_src = float(cfg.reward.default), "default"
-        if R is None:
-            summary.unrated += 1
-        else:
-            summary.rewards_by_source[R_src.split(":", 1)[0] if R_src != "default" else "default"] += 1
-        step_rewards: dict[int, list[tuple[float, str]]] = defaultdict(list)
-        if cfg.credit.strategy == "per_step":
-            chosen = best.name if best else cfg.reward.name
-            index = {s["span_id"]: i for i, s in enumerate(steps)}
-            for o in observations:
-                if o is best or (chosen and o.name != chosen) or (not chosen and not o.primary):
-                    continue
-                if o.source == "feedback":
-                    at = index.get(o.span_id) if o.span_id else None
-                else:  # the call that ended last before the reward was given
-                    ended = [i for i, s in enumerate(steps) if (s["end_ns"] or 0) <= o.time_ns]
-                    at = ended[-1] if ended else None
-                if at is not None:
-                    step_rewards[at].append((o.value, o.detail))
-        credits = credit.assign(len(steps), R, R_src, step_rewards, cfg.credit.strategy, cfg.credit.gamma)
-        if cfg.credit.tool_error_penalty:
-            errored = credit.tool_errors(steps, ctx.tool_error)
-            if any(errored):
-                credits = credit.penalize(credits, errored, cfg.credit.tool_error_penalty)
-                for s, bad in zip(steps, errored):
-                    if bad:
-                        s["flags"].append("tool_error")
-        group_text = _group_text(cfg, steps, session, infos[0]["group_attr"] if infos else None)
-        group_id = _hash("group:" + group_text, 16) if group_text else None
-        selected = []
-        for i, (s, c) in enumerate(zip(steps, credits)):
-            name = s["agent_name"] or ""
-            if (ctx.include and not ctx.include.search(name)) or (ctx.exclude and ctx.exclude.search(name)):
-                summary.dropped_by_agent += 1
-                continue
-            selected.append((i, s, c))
-        rated = sum(1 for _, _, c in selected if c.ret is not None) or len(selected) or 1
-        summary.trajectories += 1 if selected else 0
-        for i, s, c in selected:
-            for f in s["flags"]:
-                summary.flagged[f] += 1
-            if "content_missing" in s["flags"]:
-                summary.content_missing[s["convention"]] += 1
-            rows.append({
-                "transition_id": C.transition_id(s["trace_id"], s["span_id"]),
-                "trace_id": s["trace_id"], "span_id": s["span_id"], "trajectory_id": trajectory_id,
-                "group_id": group_id, "step": i, "num_steps": len(steps), "agent_name": s["agent_name"],
-                "service_name": s["service_name"], "model": s["model"], "provider": s["provider"],
-                "request_model": s["request_model"], "response_model": s["response_model"],
-                "policy_version": s["policy_version"], "temperature": s["temperature"],
-                "input_messages": s["input_messages"], "output_message": s["output_message"], "tools": s["tools"],
-                "finish_reason": s["finish_reason"], "prompt_token_ids": None,
-                "completion_token_ids": None, "completion_logprobs": s["completion_logprobs"],
-                "input_tokens": s["input_tokens"], "output_tokens": s["output_tokens"],
-                "reward": c.reward, "reward_source": c.source, "return": c.ret, "advantage": None,
-                "start_time": s["start_ns"], "end_time": s["end_ns"], "convention": s["convention"],
-                "truncated": s["truncated"],
-                "weight": (1.0 / rated) if cfg.advantage.weighting == "trajectory" else 1.0,
-                "flags": s["flags"], "schema_version": SCHEMA_VERSION, "_date": day.isoformat(),
-                "_order": (start_ns, trajectory_id, i), "_call": s["_call"],
-            })
+        if o.source == "feedback":
+            at = index.get(o.span_id) if o.span_id else None
+        else:  # the call that ended last before the reward was given
+            ended = [i for i, s in enumerate(steps) if (s["end_ns"] or 0) <= o.time_ns]
+            at = ended[-1] if ended else None
+        if at is not None:
+            step_rewards[at].append((o.value, o.detail))
+    return step_rewards
+
+
+def _with_tokens(rows: list[dict], tokens: pl.DataFrame) -> tuple[list[dict], pl.DataFrame]:
     if rows:  # token ids stay in Arrow: taken by call index, not copied through Python
         take = pl.Series([r["_call"] for r in rows], dtype=pl.UInt32)
         ids = tokens[take]
