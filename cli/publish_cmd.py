@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nightshift.settings import load
+from nightshift.settings import add_flags, check_choices, flags_of, load
 
 PUBLISH_DESC = """Put a checkpoint version in front of the agents on a running vLLM server (or
 `nightshift serve --engine transformers`).
@@ -32,21 +32,18 @@ is printed verbatim; the registry is unchanged)."""
 
 
 def _publish_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vllm-url", dest="vllm_url", required=True, metavar="URL", help="e.g. http://127.0.0.1:8000")
-    p.add_argument("--name", default="policy", help="adapters are named <name>@<version> (default policy)")
-    p.add_argument("--api-key", dest="api_key", default="", help="the server's --api-key")
-    p.add_argument("--stable-name", dest="stable_name", default="",
-                   help="also serve the version under this fixed name (reloaded in place)")
-    p.add_argument("--adapter-root", dest="adapter_root", default="",
-                   help="copy the adapter into a folder of its own here, where the server can read it "
-                        "(default: load it from the checkpoint folder)")
-    p.add_argument("--keep", type=int, default=3, help="versions left loaded (default 3)")
-    p.add_argument("--max-lora-rank", dest="max_lora_rank", type=int, default=0,
-                   help="the server's --max-lora-rank, to refuse a larger adapter before loading")
-    p.add_argument("--mode", choices=["lora", "full"], default="lora")
-    p.add_argument("--base-model", dest="base_model", default="", help="--mode full: the base's local folder for merging")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (loads get longer)")
-    p.add_argument("--retries", type=int, default=4, help="retries on transient errors, with backoff")
+    from nightshift.publish.publish import PublishSettings
+
+    add_flags(p, PublishSettings, required=("vllm_url",))
+
+
+def _settings(args: argparse.Namespace):
+    """Defaults < NIGHTSHIFT_PUBLISH_* < flags, checked like every stage's settings."""
+    from nightshift.publish.publish import PublishSettings
+
+    s = load(PublishSettings, "publish", None, flags_of(PublishSettings, args))
+    check_choices(s, "publish")
+    return s
 
 
 def add_publish(sub, common) -> None:
@@ -70,12 +67,6 @@ def add_publish(sub, common) -> None:
     n.set_defaults(func=cmd_nightly)
 
 
-def _kw(args: argparse.Namespace) -> dict:
-    return dict(name=args.name, api_key=args.api_key, stable_name=args.stable_name, adapter_root=args.adapter_root,
-                keep=args.keep, max_lora_rank=args.max_lora_rank, base_model=args.base_model, timeout=args.timeout,
-                retries=args.retries)
-
-
 def cmd_publish(args: argparse.Namespace) -> int:
     from .console import setup_logging
     from nightshift.publish.publish import PublishError, publish
@@ -83,7 +74,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     setup_logging("warning")
     try:
-        result = publish(args.checkpoint, args.vllm_url, mode=args.mode, **_kw(args))
+        s = _settings(args)
+        result = publish(args.checkpoint, s.vllm_url, **s.kwargs())
     except (PublishError, VLLMError) as e:
         print(f"nightshift publish: {e}", file=sys.stderr)
         return 1
@@ -97,10 +89,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from nightshift.publish.vllm_client import VLLMError
 
     setup_logging("warning")
-    kw = _kw(args)
-    kw.pop("name")
     try:
-        result = rollback(args.checkpoints, args.vllm_url, name=args.name, **kw)
+        s = _settings(args)
+        kw = s.kwargs()
+        kw.pop("mode")  # the version's own publication says how it was served
+        result = rollback(args.checkpoints, s.vllm_url, **kw)
     except (PublishError, VLLMError) as e:
         print(f"nightshift rollback: {e}", file=sys.stderr)
         return 1

@@ -33,6 +33,7 @@ from nightshift.publish import registry
 from nightshift.trainer.checkpoint import is_local, read_manifest, versions
 from nightshift.trainer.config import TrainConfig
 from nightshift.publish.gate import GateSettings
+from nightshift.publish.publish import PublishSettings
 
 log = logging.getLogger("nightshift.nightly")
 
@@ -42,26 +43,17 @@ FAULT_ENV = "NIGHTSHIFT_FAULT_KILL_AFTER"  # fault injection for tests and drill
 
 
 @dataclass
-class NightlyConfig:
-    """YAML section `nightly:`. `vllm_url`/`api_key`: the server agents use. `name`:
-    adapters are published as `<name>@<version>`; `stable_name` also points at
-    the newest (reloaded in place). `adapter_root`: a folder the server reads
-    (default: the checkpoint folders themselves). `keep`: versions left loaded.
-    `mode`: lora | full. `init_from_published`: continue training the serving
-    adapter rather than start from the base. `train_window_days`: 0 trains on
-    what arrived since the last run; N on the last N days. `overlap_days`: the
-    build re-reads this many days before the last run (late spans, trajectories
-    that settled after it). `publish`: false stops after the gate.
+class NightlyConfig(PublishSettings):
+    """YAML section `nightly:`: the publishing settings (`PublishSettings`:
+    `vllm_url`, `name`, `stable_name`, `adapter_root`, `keep`, `mode`, ...; the
+    base model for `mode: full` is `train.base_model`), and the job's own.
+    `init_from_published`: continue training the serving adapter rather than start
+    from the base. `train_window_days`: 0 trains on what arrived since the last
+    run (less `overlap_days`, for trajectories that settled after it); N on the
+    last N days. The build itself is incremental: every date with new or late
+    spans or feedback. `publish`: false stops after the gate.
     `state_dir`/`reports`: default `<train.output>/.nightly` and `/reports`."""
 
-    vllm_url: str = "http://127.0.0.1:8000"
-    api_key: str = ""
-    name: str = "policy"
-    stable_name: str = ""
-    adapter_root: str = ""
-    keep: int = 3
-    mode: str = "lora"
-    max_lora_rank: int = 0
     init_from_published: bool = True
     train_window_days: int = 0
     overlap_days: int = 1
@@ -71,10 +63,9 @@ class NightlyConfig:
     gate: GateSettings = field(default_factory=GateSettings)
 
     def check(self) -> None:
-        from nightshift.settings import SettingsError
+        from nightshift.settings import SettingsError, check_choices
 
-        if self.mode not in ("lora", "full"):
-            raise SettingsError(f"nightly.mode must be lora or full, got {self.mode!r}")
+        check_choices(self, "nightly")
         if self.keep < 1:
             raise SettingsError("nightly.keep must be at least 1")
         g = self.gate
@@ -265,9 +256,8 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 log.warning("%s is already published (registry): not publishing again", state["version"])
                 state["publish_lines"] = [f"{state['version']} was already published before an interruption"]
             else:
-                result = publish(f"{checkpoints}/{state['version']}", n.vllm_url, name=n.name, api_key=n.api_key,
-                                 stable_name=n.stable_name, adapter_root=n.adapter_root, keep=n.keep, mode=n.mode,
-                                 max_lora_rank=n.max_lora_rank, base_model=train_cfg.base_model)
+                result = publish(f"{checkpoints}/{state['version']}", n.vllm_url,
+                                 **{**n.kwargs(), "base_model": n.base_model or train_cfg.base_model})
                 state["publish_lines"] = result.lines()
             state["published"] = True
             state["outcome"] = f"published {state['version']}"

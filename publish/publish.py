@@ -26,11 +26,13 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from . import registry
+from nightshift.settings import setting
 from nightshift.trainer.checkpoint import MANIFEST, fetch, is_local, read_manifest, vllm_problems
+
+from . import registry
 from .vllm_client import VLLMClient, VLLMError
 
 log = logging.getLogger("nightshift.publish")
@@ -119,6 +121,33 @@ def _check_base(client: VLLMClient, adapter_dir: Path) -> str:
             f"but {client.url} serves {names}; train with --served-model-name set to the served name, or publish to a "
             "server running that base")
     return bases[0]["id"]
+
+
+
+@dataclass
+class PublishSettings:
+    """How a version goes in front of the agents: the flags of `nightshift publish`
+    and `rollback`, `NIGHTSHIFT_PUBLISH_*`, and the publishing keys of the nightly
+    job's YAML section, declared once."""
+
+    vllm_url: str = setting("http://127.0.0.1:8000", help="the server the agents use, e.g. http://127.0.0.1:8000",
+                            metavar="URL")
+    name: str = setting("policy", help="adapters are served as <name>@<version>")
+    api_key: str = setting("", help="the server's --api-key")
+    stable_name: str = setting("", help="also serve the version under this fixed name (reloaded in place)")
+    adapter_root: str = setting("", help="copy the adapter into a folder of its own here, where the server can read "
+                                         "it (default: load it from the checkpoint folder)", metavar="DIR")
+    keep: int = setting(3, help="versions left loaded")
+    mode: str = setting("lora", help="lora: load the adapter at run time; full: merge it and reload the weights "
+                                     "(a dev-mode server)", choices=("lora", "full"))
+    max_lora_rank: int = setting(0, help="the server's --max-lora-rank, to refuse a larger adapter before loading")
+    base_model: str = setting("", help="--mode full: the base's local folder for merging", metavar="DIR")
+    timeout: float = setting(30.0, help="seconds per request (loads get longer)")
+    retries: int = setting(4, help="retries on transient errors, with backoff")
+
+    def kwargs(self) -> dict:
+        """`publish`'s keyword arguments (everything but the URL)."""
+        return {f.name: getattr(self, f.name) for f in fields(PublishSettings) if f.name != "vllm_url"}
 
 
 def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: str = "", stable_name: str = "",

@@ -145,3 +145,54 @@ def load(cls: type, section: str, config_file: str | None = None, flags: dict | 
     _apply(obj, {k: v for k, v in (flags or {}).items() if v is not None}, section,
            lambda path: "--" + path.rsplit(".", 1)[-1].replace("_", "-"))
     return obj
+
+
+def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING,
+            choices: tuple = (), metavar: str = "") -> Any:
+    """A config field with the documentation its flag and `--help` are made from."""
+    meta = {"help": help, "choices": choices, "metavar": metavar}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def add_flags(parser, cls: type, *, required: tuple[str, ...] = ()) -> None:
+    """One `--flag` per field of `cls` declared with `setting(...)`: the name with
+    dashes, the help text and default from the declaration. Values stay text here
+    and are coerced by `load`, so a flag, an env var and a YAML key are read alike."""
+    import argparse
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kw: dict[str, Any] = {"dest": f.name, "default": None}
+        default = f.default if f.default is not dataclasses.MISSING else None
+        shown = (f" (default {default})" if default not in (None, "", 0) and hints[f.name] is not bool
+                 and f.name not in required else "")
+        kw["help"] = f.metadata["help"] + shown
+        if f.name in required:
+            kw["required"] = True
+        if hints[f.name] is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            if f.metadata.get("choices"):
+                kw["choices"] = list(f.metadata["choices"])
+            kw["metavar"] = f.metadata.get("metavar") or None
+        parser.add_argument(flag, **kw)
+
+
+def flags_of(cls: type, args: Any) -> dict:
+    """The values of `add_flags`' flags the user gave (None: not given)."""
+    return {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls) if "help" in f.metadata}
+
+
+def check_choices(obj: Any, section: str) -> None:
+    """Every `setting(choices=...)` of `obj` holds one of its choices: one validation
+    style for the choices declared with the settings."""
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices") if f.metadata else None
+        if choices and getattr(obj, f.name) not in choices:
+            raise SettingsError(f"{section}.{f.name} must be one of {', '.join(map(str, choices))}, "
+                                f"got {getattr(obj, f.name)!r}")

@@ -282,3 +282,28 @@ def test_a_bad_value_names_its_setting_its_value_and_where_it_came_from(tmp_path
 
     with pytest.raises(SettingsError, match=r"^--settle \(transform\.settle\): not a number or duration: 'soon'"):
         load(TransformConfig, "transform", None, {"settle": "soon"}, {})
+
+
+def test_publish_flags_are_made_from_the_one_declaration_and_read_like_any_setting(tmp_path):
+    import argparse
+    import dataclasses
+
+    from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.publish import PublishSettings
+    from nightshift.settings import add_flags, flags_of
+
+    p = argparse.ArgumentParser()
+    add_flags(p, PublishSettings, required=("vllm_url",))
+    help_text = p.format_help()
+    for f in dataclasses.fields(PublishSettings):  # every setting has its flag and its documentation
+        assert "--" + f.name.replace("_", "-") in help_text and f.metadata["help"][:20] in " ".join(help_text.split())
+    args = p.parse_args(["--vllm-url", "http://h:1", "--keep", "5"])
+    s = load(PublishSettings, "publish", None, flags_of(PublishSettings, args), {"NIGHTSHIFT_PUBLISH_NAME": "agent"})
+    assert (s.vllm_url, s.keep, s.name, s.mode) == ("http://h:1", 5, "agent", "lora")
+    with pytest.raises(SettingsError, match=r"^--keep \(publish\.keep\): not a size or integer: 'many'"):
+        load(PublishSettings, "publish", None, flags_of(PublishSettings, p.parse_args(["--vllm-url", "u", "--keep", "many"])), {})
+    # the nightly job's YAML takes the same publishing keys, declared nowhere else
+    assert {f.name for f in dataclasses.fields(PublishSettings)} <= {f.name for f in dataclasses.fields(NightlyConfig)}
+    n = load(NightlyConfig, "nightly", None, None, {"NIGHTSHIFT_NIGHTLY_MODE": "fast"})
+    with pytest.raises(SettingsError, match="nightly.mode must be one of lora, full, got 'fast'"):
+        n.check()
