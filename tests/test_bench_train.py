@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -15,8 +17,16 @@ def test_train_benchmark_runs_at_tiny_size():
                         "--warmup", "1"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
+    tps, steps = {}, {}
     for run in ("nightshift pg", "nightshift sft", "trl sft default"):
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(run))
-        assert float(line.strip()[len(run):].split()[0].replace(",", "")) > 0, line  # tokens/s measured
-    assert "nightshift pg / trl defaults, tokens/s:" in out
+        cols = line.strip()[len(run):].split()
+        tps[run], steps[run] = float(cols[0].replace(",", "")), int(cols[3])
+        assert tps[run] > 0, line  # tokens/s measured
+    # every run did the steps asked (3 timed after 1 warm-up are still 4 steps), and the
+    # printed ratios are those of the printed figures, not figures of their own
+    assert set(steps.values()) == {4}, steps
+    for run in ("nightshift pg", "nightshift sft"):
+        ratio = float(out.split(f"{run} / trl defaults, tokens/s:")[1].split("x")[0])
+        assert ratio == pytest.approx(tps[run] / tps["trl sft default"], abs=0.011), (run, ratio, tps)
     assert "CPU, tiny model" in out
