@@ -4,6 +4,7 @@ in front of the agents, and the scheduled job that does it every night."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from nightshift.settings import add_flags, check_choices, flags_of, load
@@ -60,6 +61,34 @@ def add_publish(sub, common) -> None:
     _publish_args(r)
     r.set_defaults(func=cmd_rollback)
 
+    v = sub.add_parser("versions", help="production reward of each published version, per agent",
+                       description="For each version that served calls (and the base model), the calls it made, its "
+                       "trajectories, how many carry a reward, and their mean reward with a 95 % interval (a success "
+                       "rate with Wilson's interval when rewards are 0/1), every agent together and each agent. "
+                       "Late feedback counts once `nightshift build` has read it. A version with fewer rated "
+                       "trajectories than --min-trajectories gets a count, not an interval.")
+    common(v)
+    v.add_argument("--since", metavar="YYYY-MM-DD", help="only calls from this date on")
+    v.add_argument("--min-trajectories", type=int, default=30, metavar="N", help="rated trajectories for an interval (default 30)")
+    v.set_defaults(func=cmd_versions)
+
+    w = sub.add_parser("watch", help="roll back the serving version when production says it is worse",
+                       description="Compare the serving version's production reward with the version before it, by "
+                       "an always-valid sequential test (mSPRT: safe to run after every build); when it is worse with "
+                       "confidence 1 - alpha, roll it back through the verified publish path and record the decision "
+                       "in <checkpoints>/gate-log.jsonl. Exit codes: 0 kept (or not yet decided), 3 rolled back, "
+                       "1 failed.")
+    common(w)
+    w.add_argument("--checkpoints", required=True, metavar="DIR", help="the checkpoints folder (its published.json)")
+    _publish_args(w)
+    w.add_argument("--alpha", type=float, default=0.01, help="false-alarm bound over every look (default 0.01)")
+    w.add_argument("--tau", type=float, default=0.1, help="mixture scale: the size of difference worth finding "
+                                                            "quickly, in reward units (default 0.1)")
+    w.add_argument("--min-trajectories", type=int, default=30, metavar="N",
+                   help="rated trajectories each version needs before any decision (default 30)")
+    w.add_argument("--dry-run", action="store_true", help="say what it would do; roll nothing back")
+    w.set_defaults(func=cmd_watch)
+
     n = sub.add_parser("nightly", help="build, train, gate and publish: the scheduled job",
                        description=NIGHTLY_DESC, epilog=NIGHTLY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     common(n)
@@ -81,6 +110,39 @@ def cmd_publish(args: argparse.Namespace) -> int:
         return 1
     print("\n".join(result.lines()))
     return 0
+
+
+def _data(args: argparse.Namespace) -> str:
+    return args.data or os.environ.get("NIGHTSHIFT_DATA") or "./nightshift-data"
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from nightshift.publish.versions import by_version, lines
+
+    try:
+        stats = by_version(_data(args), args.since or "", args.min_trajectories)
+    except (FileNotFoundError, OSError) as e:
+        print(f"nightshift versions: no transitions under {_data(args)}: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines(stats, args.min_trajectories)))
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from .console import setup_logging
+    from nightshift.publish.publish import PublishError
+    from nightshift.publish.vllm_client import VLLMError
+    from nightshift.publish.watch import watch
+
+    setup_logging(args.log_level or "warning")
+    try:
+        verdict, out = watch(_data(args), args.checkpoints, _settings(args), alpha=args.alpha, tau=args.tau,
+                             min_trajectories=args.min_trajectories, act=not args.dry_run)
+    except (PublishError, VLLMError) as e:
+        print(f"nightshift watch: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(out))
+    return 3 if verdict is not None and verdict.decision == "worse" and not args.dry_run else 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -67,7 +67,8 @@ def plot(history: list[dict], data: str, path: Path) -> Path:
 
 def markdown(run: dict, history: list[dict], png_name: str) -> str:
     lines = [f"# Nightshift nightly run {run['run_id']}", "", f"**Outcome:** {run.get('outcome', '?')}", ""]
-    for stage, key in (("Build", "build"), ("Train", "train"), ("Gate", "gate_lines"), ("Publish", "publish_lines")):
+    for stage, key in (("Build", "build"), ("Production watch", "watch"), ("Train", "train"), ("Gate", "gate_lines"),
+                       ("Publish", "publish_lines"), ("Reward by version", "versions")):
         body = run.get(key)
         if body:
             lines += [f"## {stage}", "", "```", *body, "```", ""]
@@ -97,6 +98,16 @@ def history_entry(run: dict) -> dict:
             "candidate_metric": (g.get("candidate_metrics") or {}).get(metric),
             "published_metric": (g.get("published_metrics") or {}).get(metric),
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def versions_lines(data: str) -> list[str]:
+    """The production reward of each version (publish/versions.py), for the report."""
+    try:
+        from nightshift.publish.versions import by_version, lines
+
+        return lines(by_version(data))
+    except Exception:  # noqa: BLE001 - no transitions yet
+        return []
 
 
 def write(run: dict, history: list[dict], data: str, out_dir: str | Path) -> tuple[Path, Path]:

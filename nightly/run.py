@@ -51,9 +51,16 @@ class NightlyConfig(PublishSettings):
     from the base. `train_window_days`: 0 trains on what arrived since the last
     run (less `overlap_days`, for trajectories that settled after it); N on the
     last N days. The build itself is incremental: every date with new or late
-    spans or feedback. `publish`: false stops after the gate.
+    spans or feedback. `watch`: after each build, the serving version's production
+    reward is compared with the version's before it (publish/watch.py: an
+    always-valid sequential test at `watch_alpha`, no decision on fewer than
+    `watch_min_trajectories` rated trajectories each), and a worse one is rolled
+    back before training starts from it. `publish`: false stops after the gate.
     `state_dir`/`reports`: default `<train.output>/.nightly` and `/reports`."""
 
+    watch: bool = True  # after the build: roll back the serving version if production says it is worse
+    watch_alpha: float = 0.01
+    watch_min_trajectories: int = 30
     init_from_published: bool = True
     train_window_days: int = 0
     overlap_days: int = 1
@@ -128,6 +135,20 @@ def _serving(checkpoints: str, n: NightlyConfig) -> dict | None:
     return None
 
 
+def _watch(data: str, checkpoints: str, n: NightlyConfig) -> list[str]:
+    """The production watch, before training starts from what serves: a version
+    that turned out worse is rolled back first. Never stops the night: a failed
+    watch is reported and the version stays."""
+    from nightshift.publish.watch import watch
+
+    try:
+        _, out = watch(data, checkpoints, n, alpha=n.watch_alpha, min_trajectories=n.watch_min_trajectories)
+    except Exception as e:  # noqa: BLE001 - the server down, a registry unreadable: said, not fatal
+        log.warning("production watch failed: %s", e)
+        return [f"watch failed: {e}"]
+    return out
+
+
 def _version_tagged(checkpoints: str, tag: str) -> str | None:
     for v in reversed(versions(checkpoints)):
         if read_manifest(f"{checkpoints.rstrip('/')}/{v}").get("config", {}).get("tag") == tag:
@@ -195,6 +216,8 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 state["build"] = [str(e)]
                 state["outcome"] = f"nothing to build: {e}"
                 next_stage = "report"
+            if n.watch and n.publish:
+                state["watch"] = _watch(transform_cfg.data, checkpoints, n)
             _fault("build")
             state["stage"] = next_stage
             _save(state_dir, state)
@@ -275,6 +298,7 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 with open(hist_path, "a") as f:
                     f.write(json.dumps(entry) + "\n")
                 history.append(entry)
+            state["versions"] = report.versions_lines(transform_cfg.data)
             md, png = report.write(state, history, transform_cfg.data, reports)
             state["report"] = str(md)
             state["plot"] = str(png)

@@ -1,0 +1,121 @@
+"""Production judging each published version: reward by version, the always-valid
+sequential test, and the watch rolling a worse version back through the real
+publish path (the serve stand-in, real adapters)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nightshift.publish import registry
+from nightshift.publish.versions import by_version, interval, lines
+from nightshift.publish.watch import judge
+from transitions_data import row, write
+
+
+def _traj(version: str | None, reward: float | None, i: int, agent: str = "writer", steps: int = 2) -> list[dict]:
+    when = dt.datetime(2026, 11, 20, 12, tzinfo=dt.timezone.utc) + dt.timedelta(minutes=i)
+    traj = hashlib.sha256(f"{version}-{agent}-{i}".encode()).hexdigest()[:32]
+    out = []
+    for s in range(steps):
+        r = row(f"task {i}", f"answer {s}", reward, trajectory=traj, step=s, num_steps=steps, agent=agent, when=when)
+        r["policy_version"] = version
+        out.append(r)
+    return out
+
+
+def test_reward_by_version_per_agent_with_intervals_and_too_few_said_so(tmp_path):
+    rows = []
+    for i in range(40):
+        rows += _traj(None, float(i % 2), i)  # the base model: 50 % success
+        rows += _traj("v0001", 1.0 if i % 4 else 0.0, 100 + i)  # 75 %
+    for i in range(10):
+        rows += _traj("v0002", 1.0, 200 + i, agent="checker")  # too few for an interval
+    rows += _traj("v0002", None, 300)  # unrated
+    write(tmp_path, rows)
+    stats = {(s.version, s.agent): s for s in by_version(str(tmp_path))}
+    base, v1, v2 = stats[("base", "(all)")], stats[("v0001", "(all)")], stats[("v0002", "(all)")]
+    assert (base.calls, base.trajectories, base.rated, base.mean, base.binary) == (80, 40, 40, 0.5, True)
+    assert (v1.mean, v1.rated) == (0.75, 40) and v1.low == pytest.approx(interval([1.0] * 30 + [0.0] * 10, True)[0])
+    assert v1.low < 0.75 < v1.high and 0.5 < v1.high < 0.9
+    assert (v2.trajectories, v2.rated, v2.low) == (11, 10, None) and stats[("v0002", "checker")].rated == 10
+    text = "\n".join(lines(list(stats.values())))
+    assert "too few rated trajectories for an interval: 30 needed" in text and "success 0.750" in text
+
+
+def _bernoulli(p: float, n: int, rng: random.Random) -> list[float]:
+    return [1.0 if rng.random() < p else 0.0 for _ in range(n)]
+
+
+def _first_decision(p_base: float, p_cand: float, seed: int, looks: range) -> tuple[str, int]:
+    """The nightly watch looks after every batch of trajectories; the first decision taken."""
+    rng = random.Random(seed)
+    base = _bernoulli(p_base, looks.stop, rng)
+    cand = _bernoulli(p_cand, looks.stop, rng)
+    for n in looks:
+        v = judge(base[:n], cand[:n])
+        if v.decision in ("worse", "better"):
+            return v.decision, n
+    return "none", looks.stop
+
+
+def test_an_aa_comparison_never_rolls_back_however_often_it_looks():
+    # two copies of one version, looked at after every 20 trajectories up to 600, 20 seeds
+    decisions = [_first_decision(0.6, 0.6, seed, range(20, 601, 20))[0] for seed in range(20)]
+    assert decisions == ["none"] * 20
+
+
+def test_a_worse_version_is_found_and_a_better_one_promoted():
+    found = [_first_decision(0.7, 0.45, seed, range(20, 601, 20)) for seed in range(20)]
+    assert all(d == "worse" for d, _ in found), found
+    assert max(n for _, n in found) <= 300  # README: within 300 trajectories per version at this gap
+    better = [_first_decision(0.45, 0.7, seed, range(20, 601, 20))[0] for seed in range(5)]
+    assert better == ["better"] * 5
+    assert judge([1.0] * 10, [0.0] * 10).decision == "too_few"  # never on fewer than it needs
+
+
+def ns(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nightshift.cli", *args], capture_output=True, text=True, timeout=180)
+
+
+def test_the_watch_rolls_a_worse_version_back_and_records_why(tmp_path, serve_factory, tool_adapter):
+    import shutil
+
+    s = serve_factory(extra_args=["--max-lora-rank", "64"]).start()
+    ck = tmp_path / "ck"
+    for v in ("v0001", "v0002"):
+        shutil.copytree(tool_adapter, ck / v)
+        man = json.loads((ck / v / "manifest.json").read_text())
+        man["version"] = v
+        (ck / v / "manifest.json").write_text(json.dumps(man))
+    flags = ["--vllm-url", s.url, "--name", "agent", "--stable-name", "agent-live"]
+    for v in ("v0001", "v0002"):
+        assert ns("publish", "--checkpoint", str(ck / v), *flags).returncode == 0
+    rng = random.Random(7)
+    rows = []
+    for i in range(150):
+        rows += _traj("v0001", 1.0 if rng.random() < 0.8 else 0.0, i)
+        rows += _traj("v0002", 1.0 if rng.random() < 0.3 else 0.0, 1000 + i)
+    write(tmp_path / "data", rows)
+    dry = ns("watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), *flags, "--dry-run")
+    assert dry.returncode == 0 and "v0002 (serving) against v0001: worse" in dry.stdout, dry.stdout + dry.stderr
+    assert registry.current(str(ck))["version"] == "v0002"  # a dry run changes nothing
+    p = ns("watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), *flags)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "rolled back: v0002 -> v0001" in p.stdout
+    now = registry.current(str(ck))
+    assert (now["version"], now.get("rollback_of")) == ("v0001", "v0002")
+    assert "agent-live" in s.models() and "agent@v0001" in s.models()
+    decision = json.loads((ck / "gate-log.jsonl").read_text().splitlines()[-1])
+    assert (decision["kind"], decision["decision"], decision["rolled_back_to"]) == ("watch", "worse", "v0001")
+    assert decision["p_value"] < 0.01 and decision["n_candidate"] == 150
+    # the next look compares v0001 (serving again) with v0002: better, nothing more to roll back
+    again = ns("watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), *flags)
+    assert again.returncode == 0 and "v0001 (serving) against v0002: better" in again.stdout
