@@ -820,7 +820,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
 
             def tables(day=day):
                 for item in held.get(day, []):
-                    yield _final(pl.read_ipc(item) if isinstance(item, str) else item, adv)
+                    yield _final(_read_bucket(item) if isinstance(item, str) else item, adv)  # not read_ipc: Polars keeps its memory maps
 
             n = output.write_partition(fs, out_root, day, tables())
             held.pop(day, None)
