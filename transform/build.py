@@ -796,31 +796,37 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                 by_day[r["_date"]].append(r)
             for day, rs in sorted(by_day.items()):
                 t = _table(rs, tokens)
-                slim.append(_slim(t))
+                part = sum(len(v) for v in held.values())  # this frame's number: its advantages come back by it
+                slim.append(_slim(t).with_columns(pl.lit(part, pl.UInt32).alias("_part")))
                 if buckets == 1:
-                    held[day].append(t)
+                    held[day].append((part, t))
                 else:  # later buckets must not keep this one's rows in memory
                     path = os.path.join(tmp, f"rows-{day}-{b:04d}.arrow")
                     t.write_ipc(path, compression="lz4")
-                    held[day].append(path)
+                    held[day].append((part, path))
             bar.update(len(paths) if buckets == 1 else 1)
             _give_back_memory()
         bar.close()
         if slim:
             s = pl.concat(slim).sort(*_ID)  # the same sums whatever the bucket count
             del slim
-            adv = s.select(*_ID, credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
+            adv = s.select(*_ID, "_part", credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
             del s
         else:
-            adv = pl.DataFrame(schema={"_hi": pl.UInt64, "_lo": pl.UInt64, "advantage": pl.Float64})
+            adv = pl.DataFrame(schema={"_hi": pl.UInt64, "_lo": pl.UInt64, "_part": pl.UInt32, "advantage": pl.Float64})
+        # by frame: each frame joins its own few thousand advantages, not the window's millions
+        adv_of = {k[0]: v for k, v in adv.partition_by("_part", as_dict=True, include_key=False).items()}
+        no_adv = adv.drop("_part").clear()
+        del adv
         window_days = dates if dates is not None else {
             d for d in by_date if (not since or dt.date.fromisoformat(d) >= since)
             and (not until or dt.date.fromisoformat(d) <= until)}
         for day in sorted(window_days | set(held)):
 
             def tables(day=day):
-                for item in held.get(day, []):
-                    yield _final(_read_bucket(item) if isinstance(item, str) else item, adv)  # not read_ipc: Polars keeps its memory maps
+                for part, item in held.get(day, []):
+                    frame = _read_bucket(item) if isinstance(item, str) else item  # not read_ipc: Polars keeps its maps
+                    yield _final(frame, adv_of.pop(part, no_adv))
 
             n = output.write_partition(fs, out_root, day, tables())
             held.pop(day, None)
