@@ -127,6 +127,14 @@ class _SharedAttrs:
         return self.groups.array().take(pa.array(self.rows, pa.int32()))
 
 
+def service_name(resource) -> str | None:
+    """The resource's `service.name`, when it is a string."""
+    for kv in resource.attributes:
+        if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value":
+            return kv.value.string_value
+    return None
+
+
 def _ts(ns: int):
     return ns if ns else None
 
@@ -179,11 +187,7 @@ class LogBuilder:
         for rl in req.resource_logs:
             res = rl.resource
             res_bytes = res.SerializeToString(deterministic=True)
-            service = None
-            for kv in res.attributes:
-                if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value":
-                    service = kv.value.string_value
-                    break
+            service = service_name(res)
             res_group = self.res_attrs.group(res.attributes)
             for sl in rl.scope_logs:
                 scope = sl.scope

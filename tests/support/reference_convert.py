@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from nightshift.collector.convert import _KINDS, _STATUS, _Attrs, _SharedAttrs, _ts
+from nightshift.collector.convert import _KINDS, _STATUS, _Attrs, _SharedAttrs, _ts, service_name
 from nightshift.schemas import spans as spans_schema
 
 
@@ -36,11 +36,7 @@ class ReferenceSpanBuilder:
         c = self.cols
         for rs in req.resource_spans:
             res = rs.resource
-            service = None
-            for kv in res.attributes:
-                if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value":
-                    service = kv.value.string_value
-                    break
+            service = service_name(res)
             res_group = self.res_attrs.group(res.attributes)
             for ss in rs.scope_spans:
                 scope = ss.scope
