@@ -157,16 +157,14 @@ def _day(value: str, what: str) -> dt.date | None:
         raise BuildError(f"{what} must be a date YYYY-MM-DD, got {value!r}") from None
 
 
-def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None,
-                bad: list[str]) -> tuple[dict[str, list[tuple[str, int]]], int]:
+def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None) -> dict[str, list[tuple[str, int]]]:
     """Span files by date partition, within [since, until + 1 day] (the extra day
-    finishes trajectories that cross midnight), and their total size. A file whose
-    footer cannot be read (torn, truncated, not Parquet) goes to `bad`, named."""
+    finishes trajectories that cross midnight), with their sizes on disk: a listing,
+    no file opened (an incremental build looks at every date, and builds few)."""
     base = f"{root}/spans"
     if not fs.exists(base):
         raise BuildError(f"no spans dataset at {base}: run `nightshift collect` (or `nightshift ingest`) first")
     out: dict[str, list[tuple[str, int]]] = {}
-    total = 0
     for entry in sorted(fs.ls(base, detail=True), key=lambda e: e["name"]):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         if entry["type"] != "directory" or not name.startswith("date="):
@@ -174,26 +172,23 @@ def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None,
         day = _day(name[5:], "partition")
         if (since and day < since) or (until and day > until + dt.timedelta(days=1)):
             continue
-        files = []
-        for f in fs.ls(entry["name"], detail=True):
-            if f["type"] != "file" or not f["name"].endswith(".parquet"):
-                continue
-            try:
-                files.append((f["name"], _uncompressed(fs, f["name"])))
-            except (pa.ArrowException, OSError) as e:
-                bad.append(f"{f['name']}: not a readable Parquet file, skipped whole ({e})")
+        files = sorted((f["name"], int(f.get("size") or 0)) for f in fs.ls(entry["name"], detail=True)
+                       if f["type"] == "file" and f["name"].endswith(".parquet"))
         if files:
-            out[name[5:]] = sorted(files)
-            total += sum(s for _, s in files)
-    return out, total
+            out[name[5:]] = files
+    return out
 
 
 def _uncompressed(fs, path: str) -> int:
     """Bytes the columns the build reads take once decompressed (Parquet's own
     count), which is what sizes the buckets: compressed sizes say little, prompts
-    and token ids compress five to ten times."""
-    with fs.open(path, "rb") as fh:
-        return _uncompressed_md(pq.ParquetFile(fh).metadata)
+    and token ids compress five to ten times. 0 for a file whose footer cannot be
+    read: reading it names it (`_row_groups`)."""
+    try:
+        with fs.open(path, "rb") as fh:
+            return _uncompressed_md(pq.ParquetFile(fh).metadata)
+    except (pa.ArrowException, OSError):
+        return 0
 
 
 def _uncompressed_md(md: pq.FileMetaData) -> int:
@@ -727,7 +722,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         raise BuildError(f"--since {since} is after --until {until}")
     fs, root = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
     root = root.rstrip("/")
-    by_date, total = _span_files(fs, root, since, until, summary.unreadable)
+    by_date = _span_files(fs, root, since, until)
     feedback_files = _feedback_files(fs, root)
     out_root = f"{root}/transitions"
     dates, read_state = None, None
@@ -743,7 +738,6 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                 return summary
             nexts = {(dt.date.fromisoformat(d) + dt.timedelta(days=1)).isoformat() for d in dates}
             by_date = {d: f for d, f in by_date.items() if d in dates or d in nexts}
-            total = sum(n for f in by_date.values() for _, n in f)
     if not by_date and not dates:
         raise BuildError(f"no span files under {root}/spans" + (" in the window" if since or until else ""))
     functions = []
@@ -758,6 +752,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
                re.compile(cfg.credit.tool_error_pattern), dates)
     files = [p for d in sorted(by_date) for p, _ in by_date[d]]
+    total = sum(_uncompressed(fs, p) for p in files)  # of what this build reads, not of every date
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
     if cfg.trajectory in ("conversation", "linked") and buckets > 1:
         log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
@@ -796,7 +791,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                 by_day[r["_date"]].append(r)
             for day, rs in sorted(by_day.items()):
                 t = _table(rs, tokens)
-                part = sum(len(v) for v in held.values())  # this frame's number: its advantages come back by it
+                part = len(slim)  # this frame's number: its advantages come back by it
                 slim.append(_slim(t).with_columns(pl.lit(part, pl.UInt32).alias("_part")))
                 if buckets == 1:
                     held[day].append((part, t))

@@ -63,8 +63,8 @@ def save(fs, root: str, state: dict) -> None:
 
 
 def snapshot(span_files: dict[str, list[tuple[str, int]]], feedback_files: list[str], cfg) -> dict:
-    """What this build read. Sizes are the collector's: files are written once and
-    never appended to, so a new size means a new file under an old name."""
+    """What this build read. Sizes are on disk: the collector writes a file once and
+    never appends, so a new size means a new file under an old name."""
     return {"version": VERSION, "settings": settings_key(cfg),
             "spans": {d: sorted([name.rsplit("/", 1)[-1], size] for name, size in files)
                       for d, files in span_files.items()},
@@ -83,11 +83,12 @@ def dates_to_build(fs, state: dict | None, now: dict, span_files: dict[str, list
     dates = set(changed)
     for d in changed:
         dates.add((dt.date.fromisoformat(d) - dt.timedelta(days=1)).isoformat())
-    new_feedback = [f for f in feedback_files if f.rsplit("/", 1)[-1] not in set(state.get("feedback", []))]
+    seen = set(state.get("feedback", []))
+    new_feedback = [f for f in feedback_files if f.rsplit("/", 1)[-1] not in seen]
     why = [f"{len(changed)} span partition(s) changed"]
     if new_feedback:
-        fb = pl.concat([pl.from_arrow(pq.read_table(fs.open(f, "rb"), columns=["trace_id", "conversation_id"]))
-                        for f in new_feedback], how="vertical_relaxed")
+        fb = pl.concat([_column_table(fs, f, ["trace_id", "conversation_id"]) for f in new_feedback],
+                       how="vertical_relaxed")
         if fb.filter(pl.col("trace_id").is_null() & pl.col("conversation_id").is_not_null()).height:
             return None, "new feedback names a conversation, not a trace: a full build"
         traces = fb["trace_id"].drop_nulls().unique()
@@ -95,6 +96,11 @@ def dates_to_build(fs, state: dict | None, now: dict, span_files: dict[str, list
         dates |= found
         why.append(f"{len(new_feedback)} new feedback file(s) touching {len(found)} date(s)")
     return dates & (set(span_files) | set(old)), ", ".join(why)
+
+
+def _column_table(fs, path: str, columns: list[str]) -> pl.DataFrame:
+    with fs.open(path, "rb") as fh:
+        return pl.from_arrow(pq.read_table(fh, columns=columns))
 
 
 def _dates_of(fs, span_files: dict[str, list[tuple[str, int]]], traces: pl.Series) -> set[str]:
@@ -107,8 +113,10 @@ def _dates_of(fs, span_files: dict[str, list[tuple[str, int]]], traces: pl.Serie
     want = traces.implode()
     for d, files in span_files.items():
         for name, _ in files:
-            with fs.open(name, "rb") as fh:
-                ids = pl.from_arrow(pq.read_table(fh, columns=["trace_id"]))["trace_id"]
+            try:
+                ids = _column_table(fs, name, ["trace_id"])["trace_id"]
+            except (OSError, ValueError):  # an unreadable file: the build names it
+                continue
             if ids.is_in(want).any():
                 out.add(d)
                 out.add((dt.date.fromisoformat(d) - dt.timedelta(days=1)).isoformat())
