@@ -153,16 +153,6 @@ def _last_checkpoint(trainer_dir: Path) -> str:
     return ""
 
 
-def _bar_only():
-    from transformers import ProgressCallback
-
-    class BarOnly(ProgressCallback):
-        def on_log(self, *a, **kw):  # the step line says it, once
-            pass
-
-    return BarOnly
-
-
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     """Train one version. Raises `TrainDataError` (a clear message) when there is
     nothing sound to train on."""
@@ -247,7 +237,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     if progress:
-        trainer.add_callback(_bar_only())
+        from .steplog import BarOnly
+
+        trainer.add_callback(BarOnly)
     out = trainer.train(resume_from_checkpoint=resume or None)
     steps = trainer.state.global_step
     tokens = int(trainer.state.num_input_tokens_seen or 0)

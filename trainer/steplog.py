@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
-from transformers import TrainerCallback
+from transformers import ProgressCallback, TrainerCallback
 
 #: Dense bf16 peak FLOP/s by device name (the vendor's datasheet figures, no sparsity).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
@@ -40,6 +40,13 @@ def eta(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class BarOnly(ProgressCallback):
+    """transformers' progress bar without its printed log dicts: the step line says it, once."""
+
+    def on_log(self, *args, **kwargs):
+        pass
 
 
 class StepLog(TrainerCallback):
