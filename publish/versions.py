@@ -21,14 +21,18 @@ MIN_TRAJECTORIES = 30
 BASE = "base"  # calls no published version made: the base model, or a hosted one
 
 
-def trajectory_rewards(data: str, since: str = "", storage_options: dict | None = None) -> pl.DataFrame:
-    """One row per trajectory: `trajectory_id`, `version`, `agents` (the agents whose
-    calls it holds), `reward` (null when unrated), `start` (its first call)."""
+def calls(data: str, since: str = "", storage_options: dict | None = None) -> pl.DataFrame:
+    """The columns of the transitions dataset this module reads, one scan, one row per call."""
     tr = pl.scan_parquet(f"{data.rstrip('/')}/transitions/**/*.parquet", hive_partitioning=True,
                          storage_options=storage_options or None, missing_columns="insert")
     if since:
         tr = tr.filter(pl.col("start_time") >= pl.lit(since).str.to_datetime(time_zone="UTC"))
-    rows = tr.select("trajectory_id", "step", "agent_name", "policy_version", "reward", "start_time").collect()
+    return tr.select("trajectory_id", "step", "agent_name", "policy_version", "reward", "start_time").collect()
+
+
+def trajectory_rewards(rows: pl.DataFrame) -> pl.DataFrame:
+    """One row per trajectory of `calls(...)`: `trajectory_id`, `version`, `agents` (the
+    agents whose calls it holds), `reward` (null when unrated), `start` (its first call)."""
     return (rows.sort("trajectory_id", "step").group_by("trajectory_id", maintain_order=True).agg(
         pl.col("policy_version").first().fill_null(BASE).alias("version"),
         pl.col("agent_name").drop_nulls().unique(maintain_order=True).alias("agents"),
@@ -87,15 +91,14 @@ def _stats(version: str, agent: str, calls: int, trajs: pl.DataFrame, min_trajec
 def by_version(data: str, since: str = "", min_trajectories: int = MIN_TRAJECTORIES,
                storage_options: dict | None = None) -> list[VersionStats]:
     """Per version (in version order, the base first), every agent together and then each agent."""
-    trajs = trajectory_rewards(data, since, storage_options)
-    calls = (pl.scan_parquet(f"{data.rstrip('/')}/transitions/**/*.parquet", hive_partitioning=True,
-                             storage_options=storage_options or None, missing_columns="insert")
-             .select(pl.col("policy_version").fill_null(BASE).alias("version"), "agent_name").collect())
+    rows = calls(data, since, storage_options)
+    trajs = trajectory_rewards(rows)
+    per_call = rows.select(pl.col("policy_version").fill_null(BASE).alias("version"), "agent_name")
     out = []
     order = sorted(trajs["version"].unique().to_list(), key=lambda v: (v != BASE, v))
     for v in order:
         mine = trajs.filter(pl.col("version") == v)
-        vcalls = calls.filter(pl.col("version") == v)
+        vcalls = per_call.filter(pl.col("version") == v)
         out.append(_stats(v, "(all)", vcalls.height, mine, min_trajectories))
         for agent in sorted(a for a in vcalls["agent_name"].drop_nulls().unique().to_list()):
             out.append(_stats(v, agent, vcalls.filter(pl.col("agent_name") == agent).height,

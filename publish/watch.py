@@ -22,12 +22,19 @@ No decision is taken on fewer than `min_trajectories` per version.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import logging
 import math
 from dataclasses import dataclass
 
 import polars as pl
 
-from .versions import trajectory_rewards
+from . import registry
+from .publish import rollback
+from .versions import calls, trajectory_rewards
+
+log = logging.getLogger("nightshift.publish.watch")
 
 
 @dataclass
@@ -73,17 +80,15 @@ def judge(baseline: list[float], candidate: list[float], *, alpha: float = 0.01,
     return Verdict(decision, cand, base, len(candidate), len(baseline), d, p, why)
 
 
-def rewards_of(data: str, version: str, since: str = "", storage_options: dict | None = None) -> list[float]:
-    t = trajectory_rewards(data, since, storage_options)
-    return t.filter((pl.col("version") == version) & pl.col("reward").is_not_null())["reward"].to_list()
+def rewards_of(trajectories: pl.DataFrame, version: str) -> list[float]:
+    """The rated trajectories' rewards of one version (`versions.trajectory_rewards`)."""
+    return trajectories.filter((pl.col("version") == version) & pl.col("reward").is_not_null())["reward"].to_list()
 
 
 def serving_and_before(checkpoints: str, endpoint: str, name: str,
                        storage_options: dict | None = None) -> tuple[dict | None, dict | None]:
     """The publication serving `name` on `endpoint`, and the one it replaced (a
     different version), from the registry."""
-    from . import registry
-
     mine = [e for e in registry.read(checkpoints, storage_options)
             if e.get("endpoint") == endpoint.rstrip("/") and str(e.get("name", "")).startswith(f"{name}@")]
     if not mine:
@@ -98,19 +103,13 @@ def watch(data: str, checkpoints: str, settings, *, alpha: float = 0.01, tau: fl
     """Judge the serving version against the one before it; roll it back when it is
     worse (the verified publish path), and record the decision in
     `<checkpoints>/gate-log.jsonl`. `settings`: a `PublishSettings`."""
-    import datetime as dt
-    import json
-    import logging
-
-    from .publish import rollback
-
-    log = logging.getLogger("nightshift.publish.watch")
     now, before = serving_and_before(checkpoints, settings.vllm_url, settings.name)
     if now is None or before is None:
         return None, [f"nothing to compare: {settings.name!r} on {settings.vllm_url} has "
                       f"{'no publication' if now is None else 'one version only'} (see {checkpoints}/published.json)"]
     cand, base = now["version"], before["version"]
-    v = judge(rewards_of(data, base), rewards_of(data, cand), alpha=alpha, tau=tau,
+    trajectories = trajectory_rewards(calls(data))
+    v = judge(rewards_of(trajectories, base), rewards_of(trajectories, cand), alpha=alpha, tau=tau,
               min_trajectories=min_trajectories, names=(base, cand))
     out = [f"watch: {cand} (serving) against {base}: {v.decision}: {v.why}"]
     log.warning("watch: %s against %s: %s (%s)", cand, base, v.decision, v.why)
