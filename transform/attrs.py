@@ -51,10 +51,10 @@ def to_dicts_without(column: pl.Series, keys: frozenset[str]) -> list[dict[str, 
     return out
 
 
-def to_dicts(column: pa.Array | pa.ChunkedArray, skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+def to_dicts(column: pa.Array | pa.ChunkedArray) -> list[dict[str, Any]]:
     """A list<struct{key, value: ANY_VALUE}> column as one `{key: python value}` per
-    row (arrays and kvlists decoded from their JSON); nulls become `{}`. Keys in
-    `skip` map to True: their (large) values are read elsewhere, in Arrow."""
+    row (arrays and kvlists decoded from their JSON); nulls become `{}`. Large values
+    read elsewhere stay out by `to_dicts_without`."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     n = len(column)
@@ -78,9 +78,6 @@ def to_dicts(column: pa.Array | pa.ChunkedArray, skip: frozenset[str] = frozense
     idx = np.flatnonzero((types == "array") | (types == "kvlist"))
     if len(idx):
         for i, j in zip(idx.tolist(), v.field("json_value").take(pa.array(idx)).to_pylist()):
-            if keys[i] in skip:
-                values[i] = True
-                continue
             try:
                 values[i] = json.loads(j) if j is not None else None
             except json.JSONDecodeError:
