@@ -2,7 +2,8 @@
 """Peer measurement for the ingest benchmark: Arize Phoenix on this machine.
 
 Used by `benchmarks/ingest.py --peer phoenix` (after the Nightshift phases, same
-request templates, same number of senders, same sender code), or on its own:
+request templates, same number of senders, same sender code: benchmarks/otlp_load.py),
+or on its own:
 
     python benchmarks/peer_phoenix.py [--seconds 10] [--senders 4] [--spans-per-request 512]
 
@@ -18,7 +19,7 @@ What it does:
 3. One warm-up request of the real size (if Phoenix refuses it, the spans per
    request are halved for the peer only, and the report says so), waits until it
    is in the database.
-4. K sender processes (ingest.sender_main: HTTP keep-alive POSTs of
+4. K sender processes (otlp_load.sender_main: HTTP keep-alive POSTs of
    application/x-protobuf, fresh ids per send, 0.1 s back-off on 503) for N seconds,
    closed loop. Counts acknowledged spans (200), 503s, ack latency.
 5. Polls `SELECT COUNT(*) FROM spans` on phoenix.db (read-only) until every
@@ -34,9 +35,7 @@ persisted rate.
 
 from __future__ import annotations
 
-import array
 import http.client
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -46,13 +45,20 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+import harness  # noqa: E402
+import otlp_load  # noqa: E402
+import peer_venv  # noqa: E402
+from harness import fmt, pct  # noqa: E402
 from hardening.proc import free_port  # noqa: E402  one helper for every harness
+from peer_venv import PeerSkipped  # noqa: E402
 
 MB = 1 << 20
 DEFAULT_VENV = Path.home() / ".cache" / "nightshift-bench" / "phoenix-venv"
@@ -63,29 +69,14 @@ STOP_TIMEOUT = 15.0
 
 
 def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] phoenix peer: {msg}", file=sys.stderr, flush=True)
-
-
-def fmt(n: float) -> str:
-    if n != n:  # nan
-        return "n/a"
-    return f"{n:,.0f}"
-
-
-def pct(values, p: float) -> float:
-    if not values:
-        return float("nan")
-    import math
-
-    return values[max(0, math.ceil(p / 100 * len(values)) - 1)]
-
-
-class PeerSkipped(Exception):
-    """The peer could not be measured; the message says why."""
+    harness.log(msg, "phoenix peer")
 
 
 @dataclass
-class PhoenixResult:
+class PhoenixResult(otlp_load.Sent):
+    """Phoenix's figures; what its senders did (acknowledged spans, latencies, ...)
+    as for Nightshift's phases."""
+
     skipped: str | None = None  # reason, when not measured
     error: str | None = None  # reason, when it failed midway (figures may be partial)
     version: str = "?"
@@ -100,15 +91,8 @@ class PhoenixResult:
     reduced_because: str | None = None
     request_mib: float = 0.0
     warmup_persist_s: float = float("nan")
-    # load phase
+    # load phase (and the senders' counts, from otlp_load.Sent)
     elapsed: float = 0.0
-    acked_spans: int = 0
-    acked_reqs: int = 0
-    refused: int = 0
-    errors: int = 0
-    sent: int = 0
-    lat: list = field(default_factory=list)
-    sender_cpu: float = 0.0
     cpu_load: float = float("nan")  # Phoenix tree CPU seconds during the load
     # persistence
     persisted_at_load_end: int = 0
@@ -136,63 +120,23 @@ class PhoenixResult:
 # --------------------------------------------------------------------------------------
 
 
-def _venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def _phoenix_version(venv: Path) -> str | None:
-    py = _venv_python(venv)
-    if not py.exists():
-        return None
-    code = ("import importlib.metadata as m, phoenix.server.main, opentelemetry.sdk; "
-            "print(m.version('arize-phoenix'))")
-    try:
-        r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=180, env=_clean_env(venv))
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
-
-
-def _clean_env(venv: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
 def ensure_venv(venv: Path, res: PhoenixResult) -> None:
     """Reuse the venv if Phoenix imports there; otherwise create it and pip install.
     Raises PeerSkipped with the reason on failure."""
     res.venv = str(venv)
-    version = _phoenix_version(venv)
+    code = ("import importlib.metadata as m, phoenix.server.main, opentelemetry.sdk; "
+            "print(m.version('arize-phoenix'))")
+    version = peer_venv.version(venv, code, timeout=180)
     if version:
         res.version = version
         return
     log(f"installing {' '.join(PACKAGES)} into {venv} (first time only; takes a few minutes)")
     t0 = time.perf_counter()
-    venv.parent.mkdir(parents=True, exist_ok=True)
     log_path = venv.parent / "phoenix-install.log"
-    with open(log_path, "wb") as lf:
-        steps = []
-        if not _venv_python(venv).exists():
-            steps.append([sys.executable, "-m", "venv", str(venv)])
-        steps.append([str(_venv_python(venv)), "-m", "pip", "install", "--disable-pip-version-check", *PACKAGES])
-        for cmd in steps:
-            lf.write(("$ " + " ".join(cmd) + "\n").encode())
-            lf.flush()
-            try:
-                r = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=1800, env=_clean_env(venv))
-            except subprocess.TimeoutExpired:
-                raise PeerSkipped(f"install timed out after 30 min: {' '.join(cmd)} (log: {log_path})") from None
-            except OSError as e:
-                raise PeerSkipped(f"install failed: {' '.join(cmd)}: {e}") from None
-            if r.returncode != 0:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                raise PeerSkipped(f"install failed (exit {r.returncode}): {' '.join(cmd)}; log {log_path}; last lines: "
-                                  + " | ".join(tail))
+    peer_venv.install(venv, PACKAGES, log_path)
     res.installed_now = True
     res.install_s = time.perf_counter() - t0
-    version = _phoenix_version(venv)
+    version = peer_venv.version(venv, code, timeout=180)
     if not version:
         raise PeerSkipped(f"installed into {venv}, but `import phoenix.server.main` fails there (log: {log_path})")
     res.version = version
@@ -222,8 +166,8 @@ class PhoenixServer:
         if script.exists():
             cmd = [str(script), "serve", "--no-internet"]
         else:
-            cmd = [str(_venv_python(self.venv)), "-m", "phoenix.server.main", "serve", "--no-internet"]
-        env = _clean_env(self.venv)
+            cmd = [str(peer_venv.python(self.venv)), "-m", "phoenix.server.main", "serve", "--no-internet"]
+        env = peer_venv.clean_env(self.venv)
         env.update({
             "PHOENIX_HOST": "127.0.0.1",
             "PHOENIX_PORT": str(self.port),
@@ -415,54 +359,11 @@ def wait_count(counter: SpanCounter, server: PhoenixServer, target: int, deadlin
 # --------------------------------------------------------------------------------------
 
 
-def _sender_procs(bench, k: int, port: int, templates: list):
-    # spawn, not fork: by now the parent has threads (RSS sampler, polars' pool).
-    ctx = mp.get_context("spawn")
-    procs, conns = [], []
-    for i in range(k):
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=bench.sender_main, args=(i, "http", port, templates, child),
-                        name=f"phoenix-sender-{i}", daemon=True)
-        p.start()
-        child.close()
-        procs.append(p)
-        conns.append(parent)
-    return procs, conns
-
-
-def _stop_senders(procs, conns) -> None:
-    for c in conns:
-        try:
-            c.send(("stop",))
-        except OSError:
-            pass
-    for p in procs:
-        p.join(5)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-            p.join(3)
-        if p.is_alive():
-            p.kill()
-            p.join(3)
-    for c in conns:
-        c.close()
-
-
-def _recv(c, timeout: float, server: PhoenixServer):
-    deadline = time.perf_counter() + timeout
-    while not c.poll(0.5):
-        server.check_alive()
-        if time.perf_counter() > deadline:
-            raise RuntimeError("a sender did not answer")
-    return c.recv()
-
-
-def run_phoenix(bench, templates: list, *, senders: int, seconds: float, spans_per_request: int,
+def run_phoenix(templates: list[otlp_load.Template], *, senders: int, seconds: float, spans_per_request: int,
                 secret_fraction: float = 0.0, persist_timeout: float = 120.0, parent_dir: str | None = None,
                 venv: Path | None = None) -> PhoenixResult:
-    """Measure Phoenix. `bench` is the ingest module (sender_main, build_template).
-    Never raises except KeyboardInterrupt: failures end up in result.skipped / .error."""
+    """Measure Phoenix with `templates` (otlp_load.build_templates), the request
+    templates Nightshift was measured with. Never raises except KeyboardInterrupt: failures end up in result.skipped / .error."""
     venv = Path(venv or os.environ.get("NIGHTSHIFT_BENCH_PHOENIX_VENV") or DEFAULT_VENV)
     res = PhoenixResult(senders=senders, seconds=seconds, spans_per_request=spans_per_request,
                         requested_spans_per_request=spans_per_request, persist_timeout=persist_timeout)
@@ -477,7 +378,7 @@ def run_phoenix(bench, templates: list, *, senders: int, seconds: float, spans_p
     server = PhoenixServer(venv, workdir)
     sampler: RssSampler | None = None
     counter = SpanCounter(server.db)
-    procs, conns = [], []
+    pool: otlp_load.SenderPool | None = None
     try:
         log(f"starting arize-phoenix {res.version} (http {server.port}, grpc {server.grpc_port}, dir {workdir})")
         res.startup_s = server.start()
@@ -488,7 +389,7 @@ def run_phoenix(bench, templates: list, *, senders: int, seconds: float, spans_p
         # Warm-up request at the real size; halve the spans per request if refused.
         n = spans_per_request
         while True:
-            tpl = templates[0] if n == spans_per_request else bench.build_template(1000, n, secret_fraction)
+            tpl = templates[0] if n == spans_per_request else otlp_load.build_template(1000, n, secret_fraction)
             try:
                 status, body = post(server.port, tpl.fresh(bytearray(tpl.data)))
                 why = f"HTTP {status} {body[:120]!r}" if status != 200 else None
@@ -504,7 +405,7 @@ def run_phoenix(bench, templates: list, *, senders: int, seconds: float, spans_p
             n //= 2
         if n != spans_per_request:
             log(f"building {len(templates)} templates x {n} spans for the peer")
-            templates = [bench.build_template(1000 + i, n, secret_fraction) for i in range(len(templates))]
+            templates = otlp_load.build_templates(len(templates), n, secret_fraction)
         res.spans_per_request = n
         res.request_mib = sum(len(t.data) for t in templates) / len(templates) / MB
         t0 = time.perf_counter()
@@ -517,35 +418,22 @@ def run_phoenix(bench, templates: list, *, senders: int, seconds: float, spans_p
 
         # Load: same sender code as the Nightshift phases.
         log(f"starting {senders} sender processes")
-        procs, conns = _sender_procs(bench, senders, server.port, templates)
-        for c in conns:
-            c.send(("prepare",))
-        for c in conns:
-            _recv(c, 120, server)
+        # spawn, not fork: by now this process has threads (RSS sampler, polars' pool).
+        pool = otlp_load.SenderPool(senders, "http", server.port, templates, start_method="spawn", name="phoenix-sender")
+        pool.prepare(120, server.check_alive)
         log(f"full load {seconds:.0f} s ({senders} http senders, {n} spans/request)")
-        start_at = time.perf_counter() + 0.3
-        for c in conns:
-            c.send(("run", start_at, start_at + seconds, 0.0, 0.0))
-        time.sleep(max(0.0, start_at - time.perf_counter()))
+        start_at = pool.start(seconds, None, n)
         sampler.label = "load"
         cpu0 = server.cpu()
-        results = [_recv(c, seconds + 180, server) for c in conns]
+        results = pool.results(time.perf_counter() + seconds + 180, server.check_alive)
         load_end = time.perf_counter()
         cpu1 = server.cpu()
         sampler.label = "drain"
         res.persisted_at_load_end = max(0, (counter.count() or base) - base)
-        _stop_senders(procs, conns)
-        procs, conns = [], []
-        res.elapsed = max(1e-9, max(r["last_done"] for r in results) - start_at)
-        for r in results:
-            res.acked_spans += r["acked_spans"]
-            res.acked_reqs += r["acked_reqs"]
-            res.refused += r["refused"]
-            res.errors += r["errors"]
-            res.sent += r["sent"]
-            res.sender_cpu += r["cpu"]
-            res.lat.extend(array.array("d", r["lat"]))
-        res.lat.sort()
+        pool.stop()
+        pool = None
+        res.add_all(results)
+        res.elapsed = max(1e-9, res.last_done - start_at)
         res.cpu_load = cpu1 - cpu0
         log(f"acknowledged {res.acked_spans:,} spans ({fmt(res.ack_rate)} spans/s), {res.refused:,} refused (503), "
             f"{res.errors:,} errors; {res.persisted_at_load_end:,} in SQLite so far; waiting up to {persist_timeout:.0f} s")
@@ -566,8 +454,8 @@ def run_phoenix(bench, templates: list, *, senders: int, seconds: float, spans_p
         log(f"failed: {res.error}")
     finally:
         counter.close()
-        if procs:
-            _stop_senders(procs, conns)
+        if pool is not None:
+            pool.stop()
         if sampler is not None:
             sampler.stop()
             res.peak_rss_mib = sampler.peak
@@ -634,19 +522,17 @@ def report_lines(res: PhoenixResult, ns: dict | None = None) -> list[str]:
     if ns and res.acked_reqs and not res.error:
         out.append("")
         out.append("Nightshift vs Phoenix (same machine, same run, same workload and senders):")
-        row = "  {:<44}{:>16}{:>16}"
-        out.append(row.format("", "Nightshift", "Phoenix"))
-        out.append(row.format("acknowledged spans/s", fmt(ns["ack_rate"]), fmt(res.ack_rate)))
-        out.append(row.format("ack is durable (fsync'd before 200)", "yes (WAL)", "no"))
         ph_durable = res.persist_rate
-        out.append(row.format("durable spans/s (ack / persisted to SQLite)", fmt(ns["ack_rate"]),
-                              fmt(ph_durable) + ("" if res.persist_done else "*")))
-        out.append(row.format("to queryable storage spans/s (Parquet/SQLite)", fmt(ns.get("sustained", float("nan"))),
-                              fmt(ph_durable) + ("" if res.persist_done else "*")))
-        out.append(row.format("ack latency p50 / p99 ms", f"{ns['p50']:.1f} / {ns['p99']:.1f}",
-                              f"{pct(res.lat, 50):.1f} / {pct(res.lat, 99):.1f}"))
-        out.append(row.format("refused (503) under full load", f"{ns.get('refused', 0):,}", f"{res.refused:,}"))
-        out.append(row.format("peak RSS MiB (whole run / Phoenix tree)", f"{ns['rss_mib']:.0f}", f"{res.peak_rss_mib:.0f}"))
+        star = "" if res.persist_done else "*"
+        out.extend(harness.table([
+            ("acknowledged spans/s", fmt(ns["ack_rate"]), fmt(res.ack_rate)),
+            ("ack is durable (fsync'd before 200)", "yes (WAL)", "no"),
+            ("durable spans/s (ack / persisted to SQLite)", fmt(ns["ack_rate"]), fmt(ph_durable) + star),
+            ("to queryable storage spans/s (Parquet/SQLite)", fmt(ns.get("sustained", float("nan"))), fmt(ph_durable) + star),
+            ("ack latency p50 / p99 ms", f"{ns['p50']:.1f} / {ns['p99']:.1f}", f"{pct(res.lat, 50):.1f} / {pct(res.lat, 99):.1f}"),
+            ("refused (503) under full load", f"{ns.get('refused', 0):,}", f"{res.refused:,}"),
+            ("peak RSS MiB (whole run / Phoenix tree)", f"{ns['rss_mib']:.0f}", f"{res.peak_rss_mib:.0f}"),
+        ], header=("", "Nightshift", "Phoenix")))
         ratio = ns["ack_rate"] / ph_durable if ph_durable and ph_durable == ph_durable else float("nan")
         out.append(f"  durable throughput, Nightshift / Phoenix: {ratio:,.1f}x"
                    + ("" if res.persist_done else f"  (* Phoenix had not persisted everything {res.persist_timeout:.0f} s "
@@ -660,22 +546,15 @@ def report_lines(res: PhoenixResult, ns: dict | None = None) -> list[str]:
 
 
 def main() -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="Measure Arize Phoenix with the ingest benchmark's workload.")
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--senders", type=int, default=4)
-    ap.add_argument("--spans-per-request", type=int, default=512)
-    ap.add_argument("--templates", type=int, default=8)
-    ap.add_argument("--persist-timeout", type=float, default=120.0)
-    ap.add_argument("--dir", default=None)
+    ap = harness.parser("Measure Arize Phoenix with the ingest benchmark's workload.", temp_dir=True)
+    otlp_load.add_load_flags(ap)
+    ap.add_argument("--persist-timeout", type=float, default=120.0,
+                    help="max seconds after the load to wait for the spans to be persisted (default 120)")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import ingest as bench
 
     log(f"building {args.templates} request templates x {args.spans_per_request} spans")
-    templates = [bench.build_template(1000 + i, args.spans_per_request, 0.0) for i in range(args.templates)]
-    res = run_phoenix(bench, templates, senders=args.senders, seconds=args.seconds,
+    templates = otlp_load.build_templates(args.templates, args.spans_per_request)
+    res = run_phoenix(templates, senders=args.senders, seconds=args.seconds,
                       spans_per_request=args.spans_per_request, persist_timeout=args.persist_timeout,
                       parent_dir=args.dir)
     print("\n".join(report_lines(res)), flush=True)
