@@ -38,77 +38,37 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import harness  # noqa: E402
+import peer_venv  # noqa: E402
+import synth_traces as st  # noqa: E402
+from peer_venv import PeerSkipped  # noqa: E402,F401  (transform.py catches it from here)
+
 DEFAULT_VENV = Path(os.environ.get("NIGHTSHIFT_BENCH_AGL_VENV", Path.home() / ".cache" / "nightshift-bench" / "agl-venv"))
 PACKAGE = "agentlightning==0.3.0"
 RESULT_PREFIX = "AGL_RESULT "
 
 
 def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] agl peer: {msg}", file=sys.stderr, flush=True)
-
-
-class PeerSkipped(Exception):
-    """The peer could not be measured; the message says why."""
-
-
-# --------------------------------------------------------------------------------------
-# Outside the venv: install and run
-# --------------------------------------------------------------------------------------
+    harness.log(msg, "agl peer")
 
 
 def _clean_env(venv: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
-    return env
-
-
-def _python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def _version(venv: Path) -> str | None:
-    py = _python(venv)
-    if not py.exists():
-        return None
-    code = "import importlib.metadata as m, agentlightning.adapter; print(m.version('agentlightning'))"
-    try:
-        r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=300, env=_clean_env(venv))
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    out = r.stdout.strip().splitlines()
-    return out[-1] if r.returncode == 0 and out else None
+    return peer_venv.clean_env(venv, LITELLM_LOCAL_MODEL_COST_MAP="True")
 
 
 def ensure_venv(venv: Path = DEFAULT_VENV) -> tuple[str, float]:
     """(version, seconds spent installing: 0 when reused). Raises PeerSkipped."""
-    version = _version(venv)
+    code = "import importlib.metadata as m, agentlightning.adapter; print(m.version('agentlightning'))"
+    version = peer_venv.version(venv, code, timeout=300, env=_clean_env(venv))
     if version:
         return version, 0.0
     log(f"installing {PACKAGE} into {venv} (first time only; about a minute)")
     t0 = time.perf_counter()
-    venv.parent.mkdir(parents=True, exist_ok=True)
     log_path = venv.parent / "agl-install.log"
-    with open(log_path, "wb") as lf:
-        steps = []
-        if not _python(venv).exists():
-            steps.append([sys.executable, "-m", "venv", str(venv)])
-        steps.append([str(_python(venv)), "-m", "pip", "install", "--disable-pip-version-check", PACKAGE])
-        for cmd in steps:
-            lf.write(("$ " + " ".join(cmd) + "\n").encode())
-            lf.flush()
-            try:
-                r = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=1800, env=_clean_env(venv))
-            except subprocess.TimeoutExpired:
-                raise PeerSkipped(f"install timed out after 30 min: {' '.join(cmd)} (log: {log_path})") from None
-            except OSError as e:
-                raise PeerSkipped(f"install failed: {' '.join(cmd)}: {e}") from None
-            if r.returncode != 0:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                raise PeerSkipped(f"install failed (exit {r.returncode}): {' '.join(cmd)}; log {log_path}; last lines: "
-                                  + " | ".join(tail))
-    version = _version(venv)
+    peer_venv.install(venv, (PACKAGE,), log_path, env=_clean_env(venv))
+    version = peer_venv.version(venv, code, timeout=300, env=_clean_env(venv))
     if not version:
         raise PeerSkipped(f"installed into {venv}, but `import agentlightning.adapter` fails there (log: {log_path})")
     took = time.perf_counter() - t0
@@ -120,7 +80,7 @@ def run(params: dict, spans: int, venv: Path = DEFAULT_VENV, timeout: float = 18
     """Install if needed, measure in the venv, return the result dict (see measure()).
     Raises PeerSkipped."""
     version, install_s = ensure_venv(venv)
-    cmd = [str(_python(venv)), str(Path(__file__).resolve()), "--inside", "--params", json.dumps(params),
+    cmd = [str(peer_venv.python(venv)), str(Path(__file__).resolve()), "--inside", "--params", json.dumps(params),
            "--spans", str(spans)]
     log(f"agentlightning {version}: adapting about {spans:,} spans (in {venv})")
     try:
@@ -146,10 +106,7 @@ def run(params: dict, spans: int, venv: Path = DEFAULT_VENV, timeout: float = 18
 
 def measure(params: dict, spans: int) -> dict:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    sys.path.insert(0, str(HERE))
     import logging
-
-    import synth_traces as st
 
     logging.disable(logging.WARNING)
     p = st.Params.from_json(params)
@@ -233,22 +190,17 @@ def lines(res: dict) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__, seed=st.Params().seed)
     ap.add_argument("--spans", type=int, default=16_000, help="spans to adapt (whole trajectories; default 16000)")
     ap.add_argument("--params", help="synth_traces.Params as JSON (transform.py passes its own)")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV)
-    for name, default in (("calls", 5), ("prompt-chars", 2000), ("response-chars", 300), ("prompt-tokens", 300),
-                          ("prompt-step", 200), ("response-tokens", 100), ("attempts", 4), ("seed", 0)):
-        ap.add_argument(f"--{name}", type=int, default=default)
+    st.add_shape_flags(ap)
     args = ap.parse_args()
     if args.params:
         params = json.loads(args.params)
     else:
-        params = {k.replace("-", "_"): getattr(args, k.replace("-", "_")) for k in
-                  ("calls", "prompt-chars", "response-chars", "prompt-tokens", "prompt-step", "response-tokens",
-                   "attempts", "seed")}
-        params["spans"] = max(args.spans, 1_000_000)
+        params = {**st.shape_of(args), "seed": args.seed, "spans": max(args.spans, 1_000_000)}
     if args.inside:
         res = measure(params, args.spans)
         for line in lines(res):

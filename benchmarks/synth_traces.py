@@ -130,6 +130,33 @@ class Params:
         dt.date.fromisoformat(self.start_date)
 
 
+#: The flags that shape a trajectory, as `Params` names them: benchmarks/transform.py
+#: and its peer, benchmarks/peer_agl.py, take the same ones, so the peer can be run
+#: alone on the trajectories transform.py writes.
+SHAPE_FLAGS = {
+    "calls": "LLM calls per trajectory",
+    "prompt_chars": "user message length",
+    "response_chars": "completion length",
+    "prompt_tokens": "prompt token ids of the first call",
+    "prompt_step": "prompt growth per call, in token ids",
+    "response_tokens": "response token ids per call",
+    "attempts": "trajectories per task, sharing the first user message",
+}
+
+
+def add_shape_flags(ap) -> None:
+    """`--calls`, `--prompt-chars`, ... on an argparse parser, defaults from Params."""
+    d = Params()
+    for name, what in SHAPE_FLAGS.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
+                        help=f"{what} (default {getattr(d, name)})")
+
+
+def shape_of(args) -> dict:
+    """The shape flags' values from parsed arguments, as Params fields."""
+    return {name: getattr(args, name) for name in SHAPE_FLAGS}
+
+
 # --------------------------------------------------------------------------------------
 # Hashing: the same arithmetic on Python ints and numpy uint64 arrays
 # --------------------------------------------------------------------------------------
