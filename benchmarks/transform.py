@@ -33,19 +33,16 @@ script never fails on them. Progress goes to stderr; the report to stdout.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import contextlib
 import glob
 import json
 import os
-import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,17 +51,19 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import harness  # noqa: E402
 import peer_agl  # noqa: E402
 import synth_traces as st  # noqa: E402
+from harness import Target, fmt, log  # noqa: E402
 
 MIB = 1 << 20
 GENERATOR_VERSION = 1  # bump when synth_traces writes different data for the same parameters
 
 # Targets printed next to the figures (issue 16).
-T_FLOOR = 0.5  # the floor's CPU-seconds / the build's: read the spans + write the transitions, nothing else
-T_AGL = 2.0  # spans per CPU-second, nightshift / Agent Lightning's TracerTraceToTriplet
-T_RSS_BYTES = 1 << 30  # peak RSS of the build ...
-T_RSS_SPANS = 10_000_000  # ... at this many spans
+T_FLOOR = Target(">=", 0.5, "0.5x")  # the floor's CPU-seconds / the build's: read the spans + write the transitions, nothing else
+T_AGL = Target(">=", 2.0, "2.0x")  # spans per CPU-second, nightshift / Agent Lightning's TracerTraceToTriplet
+T_RSS_SPANS = 10_000_000  # the RSS target applies at this many spans
+T_RSS = Target("<", 1 << 30, f"1 GiB at {T_RSS_SPANS // 1_000_000}M spans")  # peak RSS of the build, bytes
 
 
 @dataclass
@@ -102,37 +101,6 @@ def measure_floor(root: Path) -> Floor:
                 wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
     sink.unlink(missing_ok=True)
     return Floor(wall, cpu, read_s, write_s)
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def verdict(ok: bool) -> str:
-    return "[met]" if ok else "[NOT met]"
-
-
-def fmt(n: float) -> str:
-    if n != n:  # nan
-        return "n/a"
-    return f"{n:,.0f}"
-
-
-def machine_busy() -> tuple[float, float]:
-    t = psutil.cpu_times()
-    idle = t.idle + getattr(t, "iowait", 0.0)
-    return sum(t) - idle, sum(t)
-
-
-def git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=HERE, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        return f"{rev}{' + uncommitted changes' if dirty else ''}" if rev else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 # --------------------------------------------------------------------------------------
@@ -258,7 +226,7 @@ def run_build(root: Path, extra: list[str], timeout: float, rss_limit: float) ->
     out_path, err_path = root / "build.stdout", root / "build.stderr"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        busy0, _ = machine_busy()
+        busy0, _ = harness.machine_busy()
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=str(root))
         sampler = RssSampler(proc.pid, limit=rss_limit)
@@ -281,7 +249,7 @@ def run_build(root: Path, extra: list[str], timeout: float, rss_limit: float) ->
         finally:
             timer.cancel()
         run.wall = time.perf_counter() - t0
-        busy1, _ = machine_busy()
+        busy1, _ = harness.machine_busy()
         sampler.stop()
         proc.returncode = run.rc = os.waitstatus_to_exitcode(status)
     run.cpu_user, run.cpu_sys = ru.ru_utime, ru.ru_stime
@@ -359,34 +327,23 @@ def inspect_output(p: st.Params, root: Path) -> Output:
 # --------------------------------------------------------------------------------------
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args() -> tuple[argparse.Namespace, st.Params]:
     d = st.Params()
+    ap = harness.parser(__doc__, seed=d.seed, temp_dir=True, keep=True,
+                        peer={"agl": "Agent Lightning 0.3's TracerTraceToTriplet on the same trajectories (own venv, "
+                                     "see benchmarks/peer_agl.py)"})
     ap.add_argument("--spans", type=int, default=d.spans, help=f"spans to generate, rounded down to whole trajectories "
                     f"(default {d.spans:,}; the RSS target is for 10,000,000)")
-    ap.add_argument("--calls", type=int, default=d.calls, help=f"LLM calls per trajectory (default {d.calls})")
-    ap.add_argument("--prompt-chars", type=int, default=d.prompt_chars, help=f"user message length (default {d.prompt_chars})")
-    ap.add_argument("--response-chars", type=int, default=d.response_chars, help=f"completion length (default {d.response_chars})")
-    ap.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens,
-                    help=f"prompt token ids of the first call (default {d.prompt_tokens})")
-    ap.add_argument("--prompt-step", type=int, default=d.prompt_step,
-                    help=f"prompt growth per call, in token ids (default {d.prompt_step})")
-    ap.add_argument("--response-tokens", type=int, default=d.response_tokens,
-                    help=f"response token ids per call (default {d.response_tokens})")
-    ap.add_argument("--attempts", type=int, default=d.attempts,
-                    help=f"trajectories per task, sharing the first user message (default {d.attempts})")
+    st.add_shape_flags(ap)
     ap.add_argument("--days", type=int, default=d.days, help=f"date partitions (default {d.days})")
     ap.add_argument("--mix", action="store_true",
                     help="a third of the traces each in Agent Lightning's (OpenLLMetry <0.55), OpenInference's and "
                          "OpenTelemetry GenAI JSON layouts (default: all Agent Lightning's)")
-    ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--chunk-spans", type=int, default=100_000, help="spans per Parquet file (default 100,000)")
     ap.add_argument("--row-group-spans", type=int, default=10_000, help="spans per row group (default 10,000)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generator processes (default: CPU count)")
     ap.add_argument("--data", type=Path, default=None,
                     help="keep the dataset in DIR and reuse it when the parameters match (default: a temp dir, removed)")
-    ap.add_argument("--dir", default=None, help="parent folder of the temp dir")
-    ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--generate-only", action="store_true", help="write the dataset, print the generator's figures, stop")
     ap.add_argument("--build-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for `nightshift build` (repeatable), e.g. --build-arg=--credit=discounted")
@@ -394,159 +351,168 @@ def main() -> int:
     ap.add_argument("--rss-limit", type=float, default=round(psutil.virtual_memory().total * 0.85 / MIB),
                     help="kill the build if its process tree's RSS goes over this many MiB, to keep the machine "
                          "usable (default: 85%% of RAM; 0: no limit)")
-    ap.add_argument("--peer", choices=("agl",), default=None,
-                    help="also measure Agent Lightning 0.3's TracerTraceToTriplet on the same trajectories (own venv, "
-                         "see benchmarks/peer_agl.py)")
     ap.add_argument("--peer-spans", type=int, default=16_000, help="spans the peer adapts (default 16,000)")
     args = ap.parse_args()
 
-    p = st.Params(spans=args.spans, calls=args.calls, prompt_chars=args.prompt_chars, response_chars=args.response_chars,
-                  prompt_tokens=args.prompt_tokens, prompt_step=args.prompt_step, response_tokens=args.response_tokens,
-                  attempts=args.attempts, days=args.days, mix=args.mix, seed=args.seed)
+    p = st.Params(spans=args.spans, **st.shape_of(args), days=args.days, mix=args.mix, seed=args.seed)
     try:
         p.check()
     except ValueError as e:
         ap.error(str(e))
     if args.chunk_spans < p.spans_per_trajectory or args.row_group_spans < 1:
         ap.error("--chunk-spans must hold at least one trajectory; --row-group-spans must be positive")
+    return args, p
 
-    out: list[str] = []
-    say = out.append
-    ncpu = os.cpu_count() or 1
+
+def header(args: argparse.Namespace, p: st.Params) -> list[str]:
     import polars as pl
     import pyarrow as pa
 
-    say("nightshift transform benchmark (`nightshift build`)")
-    say(f"date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}, commit {git_commit()}")
-    say(f"host: {socket.gethostname()}, {ncpu} logical CPUs ({psutil.cpu_count(logical=False) or '?'} physical), "
-        f"{psutil.virtual_memory().total / (1 << 30):.1f} GiB RAM, {platform.processor() or platform.machine()}")
-    say(f"python: {platform.python_version()}, pyarrow {pa.__version__}, polars {pl.__version__}")
-    say("args: " + " ".join(f"{k}={v}" for k, v in vars(args).items()))
-    background = psutil.cpu_percent(interval=1.0) / 100 * ncpu
-    say(f"CPU busy before start (other processes): {background:.2f} of {ncpu} cores"
-        + ("  WARNING: the machine is not idle; figures will be low" if background > 0.1 * ncpu else ""))
     layouts = "mixed: Agent Lightning (OpenLLMetry <0.55 + token ids) / OpenInference / OTel GenAI JSON" if p.mix \
         else "Agent Lightning (OpenLLMetry <0.55 gen_ai.prompt.{i}.* + prompt/response token ids)"
-    say(f"workload: {p.trajectories:,} trajectories x ({p.calls} LLM calls + root + agent + reward) = {p.total_spans:,} spans "
+    return [
+        *harness.header("nightshift transform benchmark (`nightshift build`)", args,
+                        versions=(f"pyarrow {pa.__version__}", f"polars {pl.__version__}")),
+        f"workload: {p.trajectories:,} trajectories x ({p.calls} LLM calls + root + agent + reward) = {p.total_spans:,} spans "
         f"over {p.days} date(s); {layouts}; user message {p.prompt_chars} chars, completion {p.response_chars} chars, "
         f"token ids: prompt {p.prompt_tokens} +{p.prompt_step}/call, response {p.response_tokens}; "
-        f"{p.attempts} attempts per task; seed {p.seed}")
+        f"{p.attempts} attempts per task; seed {p.seed}",
+    ]
 
-    tmp: Path | None = None
-    root: Path
-    if args.data is not None:
-        root = args.data.resolve()
-        root.mkdir(parents=True, exist_ok=True)
+
+@contextlib.contextmanager
+def dataset_dir(args: argparse.Namespace) -> Iterator[Path]:
+    """--data DIR, kept and reused; otherwise a temp dir, removed unless --keep."""
+    if args.data is None:
+        with harness.temp_dir("nightshift-bench-transform-", args.dir, args.keep) as tmp:
+            yield tmp
+        return
+    root = args.data.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    yield root
+
+
+def generator_lines(gen: Generated, root: Path) -> list[str]:
+    if gen.reused:
+        return [f"generator: reused {gen.files} files in {root} ({gen.bytes / MIB:,.0f} MiB, "
+                f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)"]
+    return [f"generator: {gen.rows:,} spans in {gen.seconds:.1f} s = {fmt(gen.rows / gen.seconds)} spans/s "
+            f"({gen.jobs} process(es), {gen.files} files, {gen.bytes / MIB:,.0f} MiB zstd, "
+            f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)"]
+
+
+def measure_build(root: Path, args: argparse.Namespace) -> BuildRun:
+    shutil.rmtree(root / "transitions", ignore_errors=True)
+    log("running: " + " ".join(["python", "-m", "nightshift.cli", "build", "--data", str(root), "--settle", "0",
+                                *args.build_arg]))
+    rss_limit = args.rss_limit * MIB if args.rss_limit else 0.0
+    run = run_build(root, args.build_arg, args.timeout, rss_limit)
+    log(f"build exited {run.rc} after {run.wall:.1f} s")
+    return run
+
+
+def build_title(args: argparse.Namespace) -> list[str]:
+    return ["", f"build: {' '.join(['python', '-m', 'nightshift.cli', 'build', '--data', '<dir>', '--settle', '0', *args.build_arg])}"
+                f"  (files in the page cache)"]
+
+
+def failure_lines(run: BuildRun, args: argparse.Namespace) -> list[str]:
+    why = " (killed after --timeout)" if run.timed_out else ""
+    if run.over_rss:
+        why = f" (killed by the benchmark: its process tree went over --rss-limit {args.rss_limit:,.0f} MiB)"
+    tail = (run.stderr.strip() or run.stdout.strip()).splitlines()[-25:]
+    return [f"  FAILED: exit {run.rc}{why} after {run.wall:.1f} s; peak RSS {run.peak_rss_tree / MIB:,.0f} MiB",
+            "  its output (last lines):", *("    " + x for x in tail)]
+
+
+def build_lines(p: st.Params, run: BuildRun, res: Output, floor: Floor) -> list[str]:
+    spans = p.total_spans
+    floor_ratio = floor.cpu / run.cpu if run.cpu else float("nan")
+    if spans >= T_RSS_SPANS:
+        rss_target = f"({T_RSS}) {T_RSS.verdict(run.peak_rss_tree)}"
     else:
-        tmp = root = Path(tempfile.mkdtemp(prefix="nightshift-bench-transform-", dir=args.dir))
+        rss_target = f"(target < 1 GiB applies at {T_RSS_SPANS // 1_000_000}M spans: --spans {T_RSS_SPANS})"
+    out = harness.table([
+        ("spans", f"{spans:,}"),
+        ("transitions written", f"{res.rows:,} in {res.files} file(s), {res.bytes / MIB:,.0f} MiB"),
+        ("wall", f"{run.wall:.2f} s"),
+        ("CPU (user + sys)", f"{run.cpu:.2f} s ({run.cpu_user:.2f} + {run.cpu_sys:.2f}; "
+                             f"{run.cpu / run.wall:.2f} cores on average)"),
+        ("spans/s", fmt(spans / run.wall)),
+        ("spans per CPU-second (per core)", fmt(per_core(p, run))),
+        ("floor: read spans + write rows", f"{floor.wall:.2f} s wall, {floor.cpu:.2f} CPU-s (read {floor.read_s:.2f} s, "
+                                           f"write {floor.write_s:.2f} s)"),
+        ("build vs floor (CPU)", f"{floor_ratio:.2f}x the floor's speed  ({T_FLOOR}) {T_FLOOR.verdict(floor_ratio)}"),
+        ("transitions/s", fmt(res.rows / run.wall)),
+        ("peak RSS, process tree", f"{run.peak_rss_tree / MIB:,.0f} MiB  {rss_target}"),
+        ("peak RSS, largest process", f"{run.maxrss_one / MIB:,.0f} MiB (wait4 ru_maxrss)"),
+    ], align="<<")
+    if run.other_cores > 0.25:
+        out.append(f"  WARNING: other processes used {run.other_cores:.2f} cores during the build; the machine was not quiet")
+    summary = [x for x in run.stdout.strip().splitlines() if x.strip()]
+    if summary:
+        out.append("  the build's summary:")
+        out.extend("    " + x for x in summary[:12])
+    out.append("checks (transitions read back, not timed):")
+    out.extend("  " + x for x in res.checks)
+    return out
 
-    def on_term(*_):
-        raise KeyboardInterrupt
 
-    old_term = signal.signal(signal.SIGTERM, on_term)
+def per_core(p: st.Params, run: BuildRun) -> float:
+    """Spans per CPU-second of the build."""
+    return p.total_spans / run.cpu if run.cpu else float("nan")
+
+
+def peer_lines(p: st.Params, args: argparse.Namespace, run: BuildRun, res: Output) -> list[str]:
+    """Agent Lightning on the first --peer-spans spans' worth of the same trajectories."""
+    out = ["", f"peer: Agent Lightning, the first {args.peer_spans:,} spans' worth of the same trajectories"
+               + (" (those in its layout; it reads no other)" if p.mix else "")]
     try:
-        gen = generate(p, root, args)
-        if gen.reused:
-            say(f"generator: reused {gen.files} files in {root} ({gen.bytes / MIB:,.0f} MiB, "
-                f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)")
-        else:
-            say(f"generator: {gen.rows:,} spans in {gen.seconds:.1f} s = {fmt(gen.rows / gen.seconds)} spans/s "
-                f"({gen.jobs} process(es), {gen.files} files, {gen.bytes / MIB:,.0f} MiB zstd, "
-                f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)")
-        if args.generate_only:
-            print("\n".join(out), flush=True)
-            return 0
+        peer = peer_agl.run(p.to_json(), args.peer_spans)
+    except peer_agl.PeerSkipped as e:
+        return [*out, f"  skipped: {e}"]
+    out.extend("  " + x for x in peer_agl.lines(peer))
+    if peer.get("install_s"):
+        out.append(f"  (installed into {peer['venv']} in {peer['install_s']:.0f} s)")
+    ratio = per_core(p, run) / peer['spans_per_cpu_s']
+    out.append(f"  nightshift / AGL, spans/s: {p.total_spans / run.wall / peer['spans_per_s']:.2f}x wall, "
+               f"{ratio:.2f}x per CPU-second ({T_AGL}) {T_AGL.verdict(ratio)}; "
+               f"transitions/s vs triplets/s: {res.rows / run.wall / peer['triplets_per_s']:.2f}x")
+    out.append("  (not the same work: nightshift's figure is end to end, Parquet on disk to Parquet on disk, "
+               "process start and imports included; AGL's is its adapter alone on Span objects already in memory. "
+               "AGL's OTLP path, decoding included, is about 7x slower than its adapter: "
+               "shared/research/agent-lightning.md section 6)")
+    return out
 
-        shutil.rmtree(root / "transitions", ignore_errors=True)
-        log("running: " + " ".join(["python", "-m", "nightshift.cli", "build", "--data", str(root), "--settle", "0",
-                                    *args.build_arg]))
-        rss_limit = args.rss_limit * MIB if args.rss_limit else 0.0
-        run = run_build(root, args.build_arg, args.timeout, rss_limit)
-        log(f"build exited {run.rc} after {run.wall:.1f} s")
-        say("")
-        say(f"build: {' '.join(['python', '-m', 'nightshift.cli', 'build', '--data', '<dir>', '--settle', '0', *args.build_arg])}"
-            f"  (files in the page cache)")
-        if run.rc != 0:
-            why = " (killed after --timeout)" if run.timed_out else ""
-            if run.over_rss:
-                why = f" (killed by the benchmark: its process tree went over --rss-limit {args.rss_limit:,.0f} MiB)"
-            say(f"  FAILED: exit {run.rc}{why} after {run.wall:.1f} s; peak RSS {run.peak_rss_tree / MIB:,.0f} MiB")
-            tail = (run.stderr.strip() or run.stdout.strip()).splitlines()[-25:]
-            say("  its output (last lines):")
-            out.extend("    " + x for x in tail)
-            print("\n".join(out), flush=True)
-            return 1
-        res = inspect_output(p, root)
-        spans = p.total_spans
-        per_core = spans / run.cpu if run.cpu else float("nan")
-        rss_mib = run.peak_rss_tree / MIB
-        if spans >= T_RSS_SPANS:
-            rss_target = f"(target < 1 GiB at {T_RSS_SPANS // 1_000_000}M spans) {verdict(run.peak_rss_tree < T_RSS_BYTES)}"
-        else:
-            rss_target = f"(target < 1 GiB applies at {T_RSS_SPANS // 1_000_000}M spans: --spans {T_RSS_SPANS})"
-        log("measuring the floor: read the spans, write the transitions")
-        floor = measure_floor(root)
-        floor_ratio = floor.cpu / run.cpu if run.cpu else float("nan")
-        rows = [
-            ("spans", f"{spans:,}"),
-            ("transitions written", f"{res.rows:,} in {res.files} file(s), {res.bytes / MIB:,.0f} MiB"),
-            ("wall", f"{run.wall:.2f} s"),
-            ("CPU (user + sys)", f"{run.cpu:.2f} s ({run.cpu_user:.2f} + {run.cpu_sys:.2f}; "
-                                 f"{run.cpu / run.wall:.2f} cores on average)"),
-            ("spans/s", fmt(spans / run.wall)),
-            ("spans per CPU-second (per core)", fmt(per_core)),
-            ("floor: read spans + write rows", f"{floor.wall:.2f} s wall, {floor.cpu:.2f} CPU-s (read {floor.read_s:.2f} s, "
-                                               f"write {floor.write_s:.2f} s)"),
-            ("build vs floor (CPU)", f"{floor_ratio:.2f}x the floor's speed  (target >= {T_FLOOR}x) "
-                                     f"{verdict(floor_ratio >= T_FLOOR)}"),
-            ("transitions/s", fmt(res.rows / run.wall)),
-            ("peak RSS, process tree", f"{rss_mib:,.0f} MiB  {rss_target}"),
-            ("peak RSS, largest process", f"{run.maxrss_one / MIB:,.0f} MiB (wait4 ru_maxrss)"),
-        ]
-        width = max(len(k) for k, _ in rows)
-        out.extend(f"  {k:<{width}}  {v}" for k, v in rows)
-        if run.other_cores > 0.25:
-            say(f"  WARNING: other processes used {run.other_cores:.2f} cores during the build; the machine was not quiet")
-        summary = [x for x in run.stdout.strip().splitlines() if x.strip()]
-        if summary:
-            say("  the build's summary:")
-            out.extend("    " + x for x in summary[:12])
-        say("checks (transitions read back, not timed):")
-        out.extend("  " + x for x in res.checks)
 
-        if args.peer == "agl":
-            say("")
-            say(f"peer: Agent Lightning, the first {args.peer_spans:,} spans' worth of the same trajectories"
-                + (" (those in its layout; it reads no other)" if p.mix else ""))
-            try:
-                peer = peer_agl.run(p.to_json(), args.peer_spans)
-            except peer_agl.PeerSkipped as e:
-                say(f"  skipped: {e}")
-                peer = None
-            if peer is not None:
-                out.extend("  " + x for x in peer_agl.lines(peer))
-                if peer.get("install_s"):
-                    say(f"  (installed into {peer['venv']} in {peer['install_s']:.0f} s)")
-                ratio = per_core / peer['spans_per_cpu_s']
-                say(f"  nightshift / AGL, spans/s: {spans / run.wall / peer['spans_per_s']:.2f}x wall, "
-                    f"{ratio:.2f}x per CPU-second (target >= {T_AGL}x) {verdict(ratio >= T_AGL)}; "
-                    f"transitions/s vs triplets/s: {res.rows / run.wall / peer['triplets_per_s']:.2f}x")
-                say("  (not the same work: nightshift's figure is end to end, Parquet on disk to Parquet on disk, "
-                    "process start and imports included; AGL's is its adapter alone on Span objects already in memory. "
-                    "AGL's OTLP path, decoding included, is about 7x slower than its adapter: "
-                    "shared/research/agent-lightning.md section 6)")
-        print("\n".join(out), flush=True)
-        return 0 if res.ok else 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-        if tmp is not None:
-            if args.keep:
-                log(f"kept {tmp}")
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
+def main() -> int:
+    args, p = parse_args()
+    rep = harness.Report()
+    rep.extend(header(args, p))
+    with harness.sigterm_as_interrupt(), dataset_dir(args) as root:
+        try:
+            gen = generate(p, root, args)
+            rep.extend(generator_lines(gen, root))
+            if args.generate_only:
+                rep.print()
+                return 0
+            run = measure_build(root, args)
+            rep.extend(build_title(args))
+            if run.rc != 0:
+                rep.extend(failure_lines(run, args))
+                rep.print()
+                return 1
+            res = inspect_output(p, root)
+            log("measuring the floor: read the spans, write the transitions")
+            floor = measure_floor(root)
+            rep.extend(build_lines(p, run, res, floor))
+            if args.peer == "agl":
+                rep.extend(peer_lines(p, args, run, res))
+            rep.print()
+            return 0 if res.ok else 1
+        except KeyboardInterrupt:
+            log("interrupted")
+            return 130
 
 
 if __name__ == "__main__":
