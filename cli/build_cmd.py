@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nightshift.settings import load
+from nightshift.settings import flags_of, load
 
 DESCRIPTION = """Turn the spans under --data into the transitions dataset: one row per LLM call
 (state: the input messages and tools; action: the output message and its tool
@@ -38,18 +38,11 @@ Exit codes: 0 built, 1 nothing to build from, 2 bad settings."""
 
 
 def add_build(sub, common) -> None:
+    from nightshift.transform.config import TransformConfig
+
     b = sub.add_parser("build", help="build the transitions dataset (one credit-assigned row per LLM call)",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(b)
-    b.add_argument("--since", metavar="YYYY-MM-DD", help="first date of spans to build from (default: all)")
-    b.add_argument("--until", metavar="YYYY-MM-DD", help="last date (default: all)")
-    b.add_argument("--settle", metavar="DURATION",
-                   help="build a trajectory once nothing has arrived for it for this long (default 10m; 0 = now)")
-    b.add_argument("--credit", dest="credit_strategy", metavar="STRATEGY",
-                   help="identical | discounted | last | per_step (default identical)")
-    b.add_argument("--incremental", action="store_true", default=None,
-                   help="rebuild only the dates whose spans or feedback changed since the last build "
-                        "(late spans however late; a rerun with nothing new writes nothing; what `nightly` runs)")
+    common(b, TransformConfig, "transform")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_build)
 
@@ -59,11 +52,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from nightshift.transform.build import BuildError, build
     from nightshift.transform.config import TransformConfig
 
-    flags = {"data": args.data, "since": args.since, "until": args.until, "settle": args.settle,
-             "incremental": args.incremental}
-    cfg = load(TransformConfig, "transform", args.config, flags)
-    if args.credit_strategy:
-        cfg.credit.strategy = args.credit_strategy
+    cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
     setup_logging(args.log_level or "warning")
     try:
         summary = build(cfg, progress=not args.quiet and sys.stderr.isatty())

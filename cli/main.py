@@ -6,7 +6,7 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from nightshift.settings import SettingsError, load
+from nightshift.settings import SettingsError, add_flags, flag_names, flags_of, load
 
 from .console import setup_logging
 
@@ -27,8 +27,7 @@ def _version() -> str:
 def _collector_config(args: argparse.Namespace):
     from nightshift.collector.config import CollectorConfig
 
-    flags = {k: getattr(args, k, None) for k in ("data", "grpc", "http", "wal", "token", "tls_cert", "tls_key", "log_level")}
-    return load(CollectorConfig, "collector", args.config, flags)
+    return load(CollectorConfig, "collector", args.config, flags_of(CollectorConfig, args))
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -116,8 +115,7 @@ def cmd_feedback(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import polars as pl
 
-    data = args.data or load(__import__("nightshift.collector.config", fromlist=["CollectorConfig"]).CollectorConfig,
-                             "collector", args.config, {}).data
+    data = _collector_config(args).data
     pattern = f"{data.rstrip('/')}/spans/**/*.parquet"
     try:
         lf = pl.scan_parquet(pattern, hive_partitioning=True)
@@ -152,10 +150,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"nightshift {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    def common(sp: argparse.ArgumentParser) -> None:
+    def common(sp: argparse.ArgumentParser, cls: type | None = None, section: str = "", only: tuple[str, ...] = ()) -> None:
+        """--config, then the flags of `cls`'s declared settings (all, or `only`
+        these), and --log-level; without `cls`, a plain --data."""
         sp.add_argument("--config", metavar="FILE", help="YAML settings file")
-        sp.add_argument("--data", metavar="DIR|URL", help="dataset root: a folder or fsspec URL (default ./nightshift-data)")
-        sp.add_argument("--log-level", dest="log_level", metavar="LEVEL", help="debug, info, warning, error")
+        if cls is None:
+            sp.add_argument("--data", metavar="DIR|URL", help="dataset root: a folder or fsspec URL (default ./nightshift-data)")
+        else:
+            add_flags(sp, cls, section=section, only=only)
+            if not only:  # every setting is a flag: a usage line listing them all would hide the command
+                sp.usage = "%(prog)s [--config FILE] [--SETTING VALUE ...] [options]"
+        if "log_level" not in [p for p in (flag_names(cls) if cls else ()) if not only or p in only]:
+            sp.add_argument("--log-level", dest="log_level", metavar="LEVEL", help="debug, info, warning, error")
+
+    from nightshift.collector.config import CollectorConfig
+
+    collector_only = ("data", "log_level")  # ingest, feedback, show: where the data is; YAML/env for the rest
 
     c = sub.add_parser(
         "collect", help="run the OTLP receiver (gRPC :4317, HTTP :4318) that writes span datasets",
@@ -165,13 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for the fields) into feedback/. GET /healthz and /metrics on the HTTP port. SIGTERM drains and exits 0.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    common(c)
-    c.add_argument("--grpc", metavar="HOST:PORT", help="gRPC listen address, or `off` (default 127.0.0.1:4317)")
-    c.add_argument("--http", metavar="HOST:PORT", help="HTTP listen address, or `off` (default 127.0.0.1:4318)")
-    c.add_argument("--wal", metavar="DIR", help="write-ahead log folder, always local (default <data>/wal)")
-    c.add_argument("--token", metavar="TOKEN", help="require `Authorization: Bearer TOKEN` on both transports")
-    c.add_argument("--tls-cert", dest="tls_cert", metavar="PEM", help="serve TLS with this certificate")
-    c.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="private key for --tls-cert")
+    common(c, CollectorConfig, "collector")
     c.set_defaults(func=cmd_collect)
 
     i = sub.add_parser(
@@ -179,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load OTLP/JSON lines or length-prefixed protobuf (optionally zstd) written by the "
         "OpenTelemetry Collector's fileexporter, rotated backups included, into the same datasets, deduplicated.",
     )
-    common(i)
+    common(i, CollectorConfig, "collector", collector_only)
     i.add_argument("files", nargs="+", metavar="FILE", help="files, globs or folders")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(func=cmd_ingest)
@@ -190,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "feedback dataset, joined to trajectories later by trace_id or conversation_id.",
         epilog=FEEDBACK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    common(f)
+    common(f, CollectorConfig, "collector", collector_only)
     f.add_argument("files", nargs="+", metavar="FILE", help="label files: .csv, .parquet, .jsonl")
     f.add_argument("--name", default="feedback", help="label name for rows without one (default: feedback)")
     f.add_argument("--skip-bad", dest="skip_bad", action="store_true",
@@ -198,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_feedback)
 
     s = sub.add_parser("show", help="summarize the spans dataset with Polars")
-    common(s)
+    common(s, CollectorConfig, "collector", collector_only)
     s.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
     s.set_defaults(func=cmd_show)
 
@@ -210,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train(sub, common)
     from .serve_cmd import add_serve
 
-    add_serve(sub)
+    add_serve(sub, common)
     from .publish_cmd import add_publish
 
     add_publish(sub, common)

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from nightshift.settings import add_flags, check_choices, flags_of, load
+from nightshift.settings import add_flags, flags_of, load
 
 PUBLISH_DESC = """Put a checkpoint version in front of the agents on a running vLLM server (or
 `nightshift serve --engine transformers`).
@@ -42,9 +42,7 @@ def _settings(args: argparse.Namespace):
     """Defaults < NIGHTSHIFT_PUBLISH_* < flags, checked like every stage's settings."""
     from nightshift.publish.publish import PublishSettings
 
-    s = load(PublishSettings, "publish", None, flags_of(PublishSettings, args))
-    check_choices(s, "publish")
-    return s
+    return load(PublishSettings, "publish", None, flags_of(PublishSettings, args))
 
 
 def add_publish(sub, common) -> None:
@@ -208,9 +206,6 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     tcfg = load(TransformConfig, "transform", args.config, flags)
     trcfg = load(TrainConfig, "train", args.config, flags)
     ncfg = load(NightlyConfig, "nightly", args.config, {})
-    tcfg.check()
-    trcfg.check()
-    ncfg.check()
     try:
         code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty())
     except ValueError as e:

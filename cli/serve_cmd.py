@@ -11,6 +11,8 @@ import signal
 import sys
 import threading
 
+from nightshift.settings import flags_of, load
+
 DESCRIPTION = """Serve the policy over vLLM's OpenAI-compatible API with LoRA adapters loadable at
 run time, so `nightshift publish` can put each new version in front of the agents.
 
@@ -34,49 +36,41 @@ Then: OPENAI_BASE_URL=http://127.0.0.1:8000/v1 for the agents, and
 `nightshift publish --checkpoint nightshift-checkpoints/v0001 --vllm-url http://127.0.0.1:8000`."""
 
 
-def add_serve(sub) -> None:
+def add_serve(sub, common) -> None:
+    from nightshift.serve.config import ServeConfig
+
     s = sub.add_parser("serve", help="serve the model (vLLM, or a transformers stand-in without a GPU)",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
-    s.add_argument("--model", required=True, metavar="PATH|NAME", help="the base model")
-    s.add_argument("--served-model-name", dest="served_model_name", default="", metavar="NAME",
-                   help="the name clients use for the base (default: --model)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", dest="api_key", default=os.environ.get("VLLM_API_KEY", ""),
-                   help="require `Authorization: Bearer KEY` on /v1 (default: $VLLM_API_KEY)")
-    s.add_argument("--max-lora-rank", dest="max_lora_rank", type=int, default=16, help="largest adapter rank (default 16)")
-    s.add_argument("--max-loras", dest="max_loras", type=int, default=4,
-                   help="adapters kept loaded at once (default 4: today's, yesterday's, a stable name, a spare)")
-    s.add_argument("--tool-call-parser", dest="tool_call_parser", default="hermes",
-                   help="vLLM's parser for the model's tool-call format (default hermes: Qwen, Hermes)")
-    s.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    common(s, ServeConfig, "serve")
     s.add_argument("--dry-run", dest="dry_run", action="store_true", help="vllm: print the command and exit")
-    s.add_argument("--log-level", dest="log_level", default="info")
     s.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more flags passed to `vllm serve`")
     s.set_defaults(func=cmd_serve)
 
 
-def vllm_command(args: argparse.Namespace) -> list[str]:
-    cmd = ["vllm", "serve", args.model, "--host", args.host, "--port", str(args.port), "--enable-lora",
-           "--max-lora-rank", str(args.max_lora_rank), "--max-loras", str(args.max_loras),
-           "--max-cpu-loras", str(max(args.max_loras, 2 * args.max_loras)),
-           "--enable-auto-tool-choice", "--tool-call-parser", args.tool_call_parser]
-    if args.served_model_name:
-        cmd += ["--served-model-name", args.served_model_name]
-    if args.api_key:
-        cmd += ["--api-key", args.api_key]
-    if args.dtype != "auto":
-        cmd += ["--dtype", {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[args.dtype]]
-    return cmd + [a for a in (args.extra or []) if a != "--"]
+def vllm_command(cfg, extra: list[str] | None = None) -> list[str]:
+    """`vllm serve` with what publishing needs; `cfg`: a `ServeConfig`."""
+    cmd = ["vllm", "serve", cfg.model, "--host", cfg.host, "--port", str(cfg.port), "--enable-lora",
+           "--max-lora-rank", str(cfg.max_lora_rank), "--max-loras", str(cfg.max_loras),
+           "--max-cpu-loras", str(max(cfg.max_loras, 2 * cfg.max_loras)),
+           "--enable-auto-tool-choice", "--tool-call-parser", cfg.tool_call_parser]
+    if cfg.served_model_name:
+        cmd += ["--served-model-name", cfg.served_model_name]
+    if cfg.api_key:
+        cmd += ["--api-key", cfg.api_key]
+    if cfg.dtype != "auto":
+        cmd += ["--dtype", {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[cfg.dtype]]
+    return cmd + [a for a in (extra or []) if a != "--"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .console import setup_logging
+    from nightshift.serve.config import ServeConfig
 
-    setup_logging(args.log_level)
-    if args.engine == "vllm":
-        cmd = vllm_command(args)
+    cfg = load(ServeConfig, "serve", args.config, flags_of(ServeConfig, args))
+    cfg.api_key = cfg.api_key or os.environ.get("VLLM_API_KEY", "")
+    setup_logging(cfg.log_level)
+    if cfg.engine == "vllm":
+        cmd = vllm_command(cfg, args.extra)
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         print("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True " + " ".join(cmd), flush=True)
         if args.dry_run:
@@ -89,11 +83,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from nightshift.serve.engine import Engine
     from nightshift.serve.http import serve
 
-    if not os.path.isdir(args.model):
-        print(f"nightshift serve: --model {args.model} is not a local folder (nothing is downloaded)", file=sys.stderr)
+    if not os.path.isdir(cfg.model):
+        print(f"nightshift serve: --model {cfg.model} is not a local folder (nothing is downloaded)", file=sys.stderr)
         return 2
-    engine = Engine(args.model, args.served_model_name, args.max_lora_rank, args.max_loras, args.dtype)
-    server = serve(engine, args.host, args.port, args.api_key)
+    engine = Engine(cfg.model, cfg.served_model_name, cfg.max_lora_rank, cfg.max_loras, cfg.dtype)
+    server = serve(engine, cfg.host, cfg.port, cfg.api_key)
     stop = threading.Event()
 
     def on_term(*_):
@@ -104,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_term)
     logging.getLogger("nightshift.serve").warning(
         "transformers engine (a stand-in for vLLM: same API, CPU speed) serving %s on http://%s:%d/v1",
-        engine.served_name, args.host, server.server_address[1])
+        engine.served_name, cfg.host, server.server_address[1])
     server.serve_forever()
     server.server_close()
     return 0

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from nightshift.settings import load
+from nightshift.settings import flags_of, load
 
 DESCRIPTION = """Train the policy on the transitions dataset (one credit-assigned row per LLM
 call, from `nightshift build`) and write a new versioned checkpoint under
@@ -16,14 +16,17 @@ tokenizer and chat template, and manifest.json (parent version, base model,
 algorithm and full config, dataset window, row counts and content hash,
 metrics before and after on a held-out split, code version).
 
-Algorithms:
-  pg   (default) LightningRL's single-step policy gradient: advantage-weighted
-       loss on the completion tokens, importance ratio against the logged
-       behaviour policy where rows carry token ids and logprobs that match
-       this tokenizer (PPO-clipped), optional KL to a reference
+Algorithms (--algorithm; trainer/pg.py and the README say why each exists):
+  sft  (default) TRL SFTTrainer on the best rows (rejection sampling): the only
+       objective that made the agent world's tiny policy better from its own logs
+  awr  advantage-weighted regression: never pushes a call down
+  pg   policy gradient as TOPR does it: positives without a ratio, negatives
+       with clip(pi/mu, 0, 1) against the policy that made each call
   kto  TRL KTOTrainer, desirable = reward above kto.threshold
   dpo  TRL DPOTrainer on same-prompt pairs within a task group
-  sft  TRL SFTTrainer on the best rows: the baseline to beat
+
+Every setting below is also a YAML key of the `train:` section and a
+NIGHTSHIFT_TRAIN_* variable (nested ones: NIGHTSHIFT_TRAIN_PG_KL_COEF).
 
 Runs on a GPU in bf16 with the fastest attention available, on a CPU in fp32.
 Several GPUs: the same command under `accelerate launch -m nightshift.cli train ...`
@@ -52,29 +55,11 @@ Exit codes: 0 trained, 1 nothing sound to train on (the reason is printed), 2 ba
 
 
 def add_train(sub, common) -> None:
+    from nightshift.trainer.config import TrainConfig
+
     t = sub.add_parser("train", help="train on the transitions and write a versioned checkpoint",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(t)
-    t.add_argument("--base-model", dest="base_model", metavar="PATH", help="the model to train (a local folder)")
-    t.add_argument("--output", metavar="DIR|URL", help="where versions go (default ./nightshift-checkpoints)")
-    t.add_argument("--algorithm", metavar="ALGO", help="sft | awr | pg | kto | dpo (default sft: the learning benchmark's best and safest)")
-    t.add_argument("--served-model-name", dest="served_model_name", metavar="NAME",
-                   help="the base model's name on the serving engine, written into adapter_config.json")
-    t.add_argument("--init-adapter", dest="init_adapter", metavar="DIR",
-                   help="continue training this LoRA adapter (e.g. the published version)")
-    t.add_argument("--since", metavar="YYYY-MM-DD", help="first date of transitions to train on")
-    t.add_argument("--until", metavar="YYYY-MM-DD", help="last date")
-    t.add_argument("--agents", metavar="NAMES",
-                   help="train on these agents' calls only: names as the spans give them (writer,rewriter), "
-                        "matched exactly; or a regex matched against the whole name (writer|rewr.*)")
-    t.add_argument("--epochs", type=float, help="passes over the rows (default 1)")
-    t.add_argument("--max-steps", dest="max_steps", type=int, help="optimizer steps (overrides --epochs)")
-    t.add_argument("--learning-rate", dest="learning_rate", type=float, help="default 1e-4")
-    t.add_argument("--batch-size", dest="batch_size", type=int, help="rows per device per step (default 8)")
-    t.add_argument("--full", dest="full_finetune", action="store_const", const=True,
-                   help="full fine-tuning instead of LoRA")
-    t.add_argument("--chat-template", dest="chat_template", metavar="FILE",
-                   help="a Jinja chat template for tokenizers without one")
+    common(t, TrainConfig, "train")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -95,21 +80,11 @@ def add_train(sub, common) -> None:
     c.set_defaults(func=cmd_checkpoints)
 
 
-def _flags(args: argparse.Namespace) -> dict:
-    names = ("data", "base_model", "output", "algorithm", "served_model_name", "init_adapter", "epochs", "max_steps",
-             "learning_rate", "batch_size", "full_finetune", "chat_template")
-    return {k: getattr(args, k, None) for k in names}
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from .console import setup_logging
     from nightshift.trainer.config import TrainConfig
 
-    cfg = load(TrainConfig, "train", args.config, _flags(args))
-    for flag, key in (("since", "since"), ("until", "until"), ("agents", "agents")):
-        if getattr(args, flag, None):
-            setattr(cfg.select, key, getattr(args, flag))
-    cfg.check()
+    cfg = load(TrainConfig, "train", args.config, flags_of(TrainConfig, args))
     setup_logging(args.log_level or "warning")
     from nightshift.trainer.run import train
     from nightshift.trainer.select import TrainDataError

@@ -1,61 +1,87 @@
-"""The collector's settings, with the defaults a sidecar on a laptop wants:
-loopback only, data under ./nightshift-data, nothing to configure."""
+"""The collector's settings (YAML section `collector:`), with the defaults a sidecar
+on a laptop wants: loopback only, data under ./nightshift-data, nothing to configure.
+Each is declared once here; its flag, variable and `--help` line come from it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .redact import DEFAULT_PRESETS
+from nightshift.settings import invalid, setting
+
+from .redact import DEFAULT_PRESETS, PRESETS
+
+_ADDRESS = r"off|\[?[0-9A-Za-z.:-]*\]?:[0-9]{1,5}"
 
 
 @dataclass
 class RedactConfig:
-    """`presets`: named rules (api_key, bearer, email, credit_card). `rules`: a list of
-    `{name, pattern, replacement}` regexes on string values. `drop_keys`: attribute
-    keys removed outright."""
+    """Redaction before anything reaches the disk: string values matching a rule are
+    replaced, keys named in drop_keys removed."""
 
-    presets: list[str] = field(default_factory=lambda: list(DEFAULT_PRESETS))
-    rules: list[dict] = field(default_factory=list)
-    drop_keys: list[str] = field(default_factory=list)
+    presets: list[str] = setting(factory=lambda: list(DEFAULT_PRESETS),
+                                 help=f"named rules on string values ({', '.join(sorted(PRESETS))}); empty turns them off")
+    rules: list[dict] = setting(factory=list, help="more regexes on string values: a JSON list of "
+                                                   "{name, pattern, replacement}", metavar="JSON")
+    drop_keys: list[str] = setting(factory=list, help="attribute keys removed outright, e.g. user.password")
 
 
 @dataclass
 class CollectorConfig:
-    """`data`: where datasets go, a folder or an fsspec URL (`s3://bucket/prefix`).
-    `wal`: the write-ahead log's folder, always local (default `<data>/wal`, or
-    `./nightshift-wal` when `data` is remote). `grpc`/`http`: listen addresses,
-    `off` to disable. `token`: a bearer token both transports require.
-    `tls_cert`/`tls_key`: PEM files to serve TLS on both transports.
-    `client_max_inflight`, `client_bytes_per_s`, `client_burst_bytes`: each
-    client's (peer address's) share, so one noisy agent cannot starve the others
-    (0 turns a limit off; behind a gateway every agent is one client).
-    `flush_timeout`: a flush of one segment that takes longer (a hung object
-    store) gets the flusher restarted; the segment is redone, nothing lost."""
+    """The OTLP receiver, its write-ahead log and the flusher that writes Parquet."""
 
-    data: str = "./nightshift-data"
-    grpc: str = "127.0.0.1:4317"
-    http: str = "127.0.0.1:4318"
-    wal: str = ""
-    token: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    max_request_bytes: int = 64 << 20
-    wal_cap_bytes: int = 2 << 30
-    segment_bytes: int = 256 << 20
-    flush_interval: float = 10.0  # seconds before an idle segment is handed to the flusher
-    dedup_window: float = 600.0  # how long resent spans are recognised (clients resend within ~10 s)
-    max_inflight: int = 256  # concurrent requests before answering 503
-    client_max_inflight: int = 32  # one client's concurrent requests before answering it 429
-    client_bytes_per_s: int = 0  # one client's decompressed bytes per second (0: no limit)
-    client_burst_bytes: int = 64 << 20
-    flush_timeout: float = 600.0
-    request_timeout: float = 60.0  # seconds a client may stall mid-request (or idle on a kept-alive connection)
-    grpc_workers: int = 32
-    fsync: bool = True
-    shutdown_timeout: float = 60.0
-    log_level: str = "info"
-    storage_options: dict = field(default_factory=dict)
-    redact: RedactConfig = field(default_factory=RedactConfig)
+    data: str = setting("./nightshift-data", help="dataset root: a folder or an fsspec URL (s3://bucket/prefix)",
+                        metavar="DIR|URL")
+    grpc: str = setting("127.0.0.1:4317", help="gRPC listen address, or `off`", pattern=_ADDRESS, metavar="HOST:PORT|off")
+    http: str = setting("127.0.0.1:4318", help="HTTP listen address, or `off`", pattern=_ADDRESS, metavar="HOST:PORT|off")
+    wal: str = setting("", help="the write-ahead log's folder, always local (default <data>/wal, or ./nightshift-wal "
+                                "when data is remote)", metavar="DIR")
+    token: str = setting("", help="require `Authorization: Bearer TOKEN` on both transports", metavar="TOKEN")
+    tls_cert: str = setting("", help="serve TLS on both transports with this PEM certificate", metavar="PEM")
+    tls_key: str = setting("", help="the private key (PEM) for --tls-cert", metavar="PEM")
+    max_request_bytes: int = setting(64 << 20, help="largest request, after decompression (413 beyond)",
+                                     bounds="[1, inf)", metavar="SIZE")
+    wal_cap_bytes: int = setting(2 << 30, help="log size past which requests get 503 until the flusher catches up",
+                                 bounds="[1, inf)", metavar="SIZE")
+    segment_bytes: int = setting(256 << 20, help="log segment size handed to the flusher", bounds="[1, inf)",
+                                 metavar="SIZE")
+    flush_interval: float = setting(10.0, help="seconds before an idle segment is handed to the flusher",
+                                    bounds="(0, inf)", metavar="DURATION")
+    dedup_window: float = setting(600.0, help="how long resent spans are recognised (clients resend within ~10 s)",
+                                  bounds="[0, inf)", metavar="DURATION")
+    max_inflight: int = setting(256, help="concurrent requests before answering 503", bounds="[1, inf)")
+    client_max_inflight: int = setting(32, help="one client's (peer address's) concurrent requests before answering "
+                                                "it 429; 0 = no limit (behind a gateway every agent is one client)",
+                                       bounds="[0, inf)")
+    client_bytes_per_s: int = setting(0, help="one client's decompressed bytes per second; 0 = no limit",
+                                      bounds="[0, inf)", metavar="SIZE")
+    client_burst_bytes: int = setting(64 << 20, help="the burst a client may send above client_bytes_per_s",
+                                      bounds="[0, inf)", metavar="SIZE")
+    flush_timeout: float = setting(600.0, help="a flush of one segment taking longer (a hung object store) gets the "
+                                               "flusher restarted; the segment is redone, nothing lost",
+                                   bounds="(0, inf)", metavar="DURATION")
+    request_timeout: float = setting(60.0, help="seconds a client may stall mid-request or idle on a kept-alive "
+                                                "connection", bounds="(0, inf)", metavar="DURATION")
+    grpc_workers: int = setting(32, help="gRPC server threads", bounds="[1, inf)")
+    fsync: bool = setting(True, help="fsync the log before acknowledging (off only for benchmarks of the rest)")
+    shutdown_timeout: float = setting(60.0, help="seconds SIGTERM waits for the flusher to drain",
+                                      bounds="[0, inf)", metavar="DURATION")
+    log_level: str = setting("info", help="debug, info, warning or error", pattern=r"(?i)debug|info|warning|error|critical",
+                             metavar="LEVEL")
+    storage_options: dict = setting(factory=dict, help="passed to fsspec for data, e.g. {\"anon\": false}")
+    redact: RedactConfig = setting(factory=RedactConfig, help="redaction rules")
+
+    def rules(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise invalid("tls_cert" if self.tls_cert else "tls_key", "tls_cert and tls_key go together: give both")
+        unknown = [p for p in self.redact.presets if p not in PRESETS]
+        if unknown:
+            raise invalid("redact.presets", f"unknown preset(s) {', '.join(map(repr, unknown))} "
+                                            f"(known: {', '.join(sorted(PRESETS))})")
+
+    def check(self) -> None:
+        from nightshift.settings import validate
+
+        validate(self, "collector")
 
     def wal_dir(self) -> str:
         if self.wal:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nightshift.publish import registry
+from nightshift.settings import setting, validate
 from nightshift.trainer.checkpoint import is_local, read_manifest, versions
 from nightshift.trainer.config import TrainConfig
 from nightshift.publish.gate import GateSettings
@@ -44,45 +45,30 @@ FAULT_ENV = "NIGHTSHIFT_FAULT_KILL_AFTER"  # fault injection for tests and drill
 
 @dataclass
 class NightlyConfig(PublishSettings):
-    """YAML section `nightly:`: the publishing settings (`PublishSettings`:
-    `vllm_url`, `name`, `stable_name`, `adapter_root`, `keep`, `mode`, ...; the
-    base model for `mode: full` is `train.base_model`), and the job's own.
-    `init_from_published`: continue training the serving adapter rather than start
-    from the base. `train_window_days`: 0 trains on what arrived since the last
-    run (less `overlap_days`, for trajectories that settled after it); N on the
-    last N days. The build itself is incremental: every date with new or late
-    spans or feedback. `watch`: after each build, the serving version's production
-    reward is compared with the version's before it (publish/watch.py: an
-    always-valid sequential test at `watch_alpha`, no decision on fewer than
-    `watch_min_trajectories` rated trajectories each), and a worse one is rolled
-    back before training starts from it. `publish`: false stops after the gate.
-    `state_dir`/`reports`: default `<train.output>/.nightly` and `/reports`."""
+    """YAML section `nightly:`: the publishing settings (`PublishSettings`: `vllm_url`,
+    `name`, `stable_name`, `adapter_root`, `keep`, `mode`, ...; the base model for
+    `mode: full` is `train.base_model`), and the job's own."""
 
-    watch: bool = True  # after the build: roll back the serving version if production says it is worse
-    watch_alpha: float = 0.01
-    watch_min_trajectories: int = 30
-    init_from_published: bool = True
-    train_window_days: int = 0
-    overlap_days: int = 1
-    publish: bool = True
-    state_dir: str = ""
-    reports: str = ""
-    gate: GateSettings = field(default_factory=GateSettings)
+    watch: bool = setting(True, help="after each build, compare the serving version's production reward with the "
+                                     "version's before it (publish/watch.py: an always-valid sequential test) and "
+                                     "roll a worse one back before training starts from it")
+    watch_alpha: float = setting(0.01, help="the watch's false-alarm bound over every look", bounds="(0, 1)")
+    watch_min_trajectories: int = setting(30, help="rated trajectories each version needs before the watch decides",
+                                          bounds="[1, inf)")
+    init_from_published: bool = setting(True, help="continue training the serving adapter rather than start from "
+                                                   "the base")
+    train_window_days: int = setting(0, help="0 trains on what arrived since the last run (less overlap_days, for "
+                                             "trajectories that settled after it); N on the last N days",
+                                     bounds="[0, inf)")
+    overlap_days: int = setting(1, help="days before the last run's that a window of 0 takes in again",
+                                bounds="[0, inf)")
+    publish: bool = setting(True, help="publish a candidate the gate passes (false stops after the gate)")
+    state_dir: str = setting("", help="the run state and lock (default <train.output>/.nightly)", metavar="DIR")
+    reports: str = setting("", help="where reports go (default <train.output>/reports)", metavar="DIR")
+    gate: GateSettings = setting(factory=GateSettings, help="the gate")
 
     def check(self) -> None:
-        from nightshift.settings import SettingsError, check_choices
-
-        check_choices(self, "nightly")
-        if self.keep < 1:
-            raise SettingsError("nightly.keep must be at least 1")
-        g = self.gate
-        if g.samples < 0 or g.max_tokens < 1 or g.min_pairs < 0 or g.max_pairs < 1:
-            raise SettingsError("nightly.gate: samples and min_pairs must be >= 0, max_tokens and max_pairs >= 1")
-        if not 0.5 <= g.ranking_confidence < 1:
-            raise SettingsError(f"nightly.gate.ranking_confidence must be in [0.5, 1), got {g.ranking_confidence}")
-        if not (0 <= g.ranking_margin <= 1 and 0 <= g.validity_margin <= 1):
-            raise SettingsError(f"nightly.gate: ranking_margin and validity_margin are shares in [0, 1], got "
-                                f"{g.ranking_margin}, {g.validity_margin}")
+        validate(self, "nightly")
 
 
 class Locked(RuntimeError):

@@ -44,6 +44,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nightshift.settings import setting
 from nightshift.trainer.config import TrainConfig
 
 log = logging.getLogger("nightshift.gate")
@@ -54,31 +55,30 @@ METRIC = "ranking_accuracy"
 
 @dataclass
 class GateSettings:
-    """Ranking passes when the lower `ranking_confidence` bound of the candidate's
-    held-out ranking accuracy (a bootstrap over held-out trajectories) is at
-    least 50 % − `ranking_margin`: the gate must be convinced the candidate is
-    no worse, so a small or noisy held-out set blocks rather than lets a worse
-    model through (a blocked night leaves every agent served as before). `min_pairs`: fewer rewarded-vs-failed pairs
-    than this and ranking is reported but not decisive. `samples`: held-out
-    prompts sampled per model for the generation check (0 turns it off);
-    `max_tokens` per sample; `validity_margin`: how much the share of valid
-    outputs may fall (5 points: a pg candidate 11 points worse in success on the
-    agent world fell 8 points here while its ranking looked better; the good
-    candidates fell 0-2). `command`: your evaluation, run through the shell with
-    NIGHTSHIFT_CANDIDATE, NIGHTSHIFT_PUBLISHED (empty for the base) and
-    NIGHTSHIFT_BASE_MODEL set; exit 0 passes, anything else blocks; a JSON object
-    on its last stdout line is kept."""
+    """May a candidate replace what serves? Decided on held-out trajectories neither
+    model trained on; the gate must be convinced, so a small or noisy held-out set
+    blocks rather than lets a worse model through (a blocked night leaves every
+    agent served as before)."""
 
-    enabled: bool = True
-    ranking_margin: float = 0.0
-    ranking_confidence: float = 0.95
-    min_pairs: int = 20
-    max_pairs: int = 5000
-    samples: int = 64
-    max_tokens: int = 96
-    validity_margin: float = 0.05
-    command: str = ""
-    timeout: float = 3600.0
+    enabled: bool = setting(True, help="gate every candidate (off publishes whatever trained)")
+    ranking_margin: float = setting(0.0, help="ranking passes when the lower bound of the candidate's held-out "
+                                              "ranking accuracy is at least 50 % minus this", bounds="[0, 1]")
+    ranking_confidence: float = setting(0.95, help="the confidence of that lower bound (a bootstrap over held-out "
+                                                   "trajectories)", bounds="[0.5, 1)")
+    min_pairs: int = setting(20, help="fewer rewarded-vs-failed pairs than this and ranking is reported, not "
+                                      "decisive", bounds="[0, inf)")
+    max_pairs: int = setting(5000, help="pairs scored at most", bounds="[1, inf)")
+    samples: int = setting(64, help="held-out prompts sampled per model for the generation check (0 turns it off)",
+                           bounds="[0, inf)")
+    max_tokens: int = setting(96, help="tokens per sample", bounds="[1, inf)")
+    validity_margin: float = setting(0.05, help="how much the share of valid outputs may fall (5 points: a pg "
+                                                "candidate 11 points worse in success on the agent world fell 8 "
+                                                "points here while its ranking looked better; good ones fell 0-2)",
+                                     bounds="[0, 1]")
+    command: str = setting("", help="your evaluation, run through the shell with NIGHTSHIFT_CANDIDATE, "
+                                    "NIGHTSHIFT_PUBLISHED (empty for the base) and NIGHTSHIFT_BASE_MODEL set; exit 0 "
+                                    "passes, anything else blocks; a JSON object on its last stdout line is kept")
+    timeout: float = setting(3600.0, help="seconds the command may take", bounds="(0, inf)", metavar="DURATION")
 
 
 @dataclass

@@ -137,13 +137,14 @@ class PublishSettings:
     stable_name: str = setting("", help="also serve the version under this fixed name (reloaded in place)")
     adapter_root: str = setting("", help="copy the adapter into a folder of its own here, where the server can read "
                                          "it (default: load it from the checkpoint folder)", metavar="DIR")
-    keep: int = setting(3, help="versions left loaded")
+    keep: int = setting(3, help="versions left loaded", bounds="[1, inf)")
     mode: str = setting("lora", help="lora: load the adapter at run time; full: merge it and reload the weights "
                                      "(a dev-mode server)", choices=("lora", "full"))
-    max_lora_rank: int = setting(0, help="the server's --max-lora-rank, to refuse a larger adapter before loading")
+    max_lora_rank: int = setting(0, help="the server's --max-lora-rank, to refuse a larger adapter before loading",
+                                 bounds="[0, inf)")
     base_model: str = setting("", help="--mode full: the base's local folder for merging", metavar="DIR")
-    timeout: float = setting(30.0, help="seconds per request (loads get longer)")
-    retries: int = setting(4, help="retries on transient errors, with backoff")
+    timeout: float = setting(30.0, help="seconds per request (loads get longer)", bounds="(0, inf)")
+    retries: int = setting(4, help="retries on transient errors, with backoff", bounds="[0, inf)")
 
     def kwargs(self) -> dict:
         """`publish`'s keyword arguments (everything but the URL)."""

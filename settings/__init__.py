@@ -1,20 +1,30 @@
 """Settings from defaults < YAML file < `NIGHTSHIFT_*` environment < command-line
-flags, into a stage's config dataclass.
+flags, into a stage's config dataclass: one loader and one validation for every
+stage, so a setting is read, checked and explained the same way wherever it is.
+
+Each stage declares its settings once, as dataclass fields made with
+`setting(default, help=..., choices=..., bounds=...)`. From that one declaration
+come the YAML key, the environment variable, the command-line flag and its
+`--help` line (`add_flags`), and the check of its value (`validate`), whose error
+names the setting, the value and where it came from (the file, the variable, the
+flag).
 
 YAML: top-level `data:` (shared by every stage) and one section per stage
 (`collector:`). Environment: `NIGHTSHIFT_DATA`, `NIGHTSHIFT_<SECTION>_<KEY>`, and
 for nested settings `NIGHTSHIFT_<SECTION>_<GROUP>_<KEY>` (lists comma-separated,
-mappings as JSON). Sizes accept `64MiB`, `2GB`, …; durations `10s`, `5m`.
+mappings as JSON). Flags: `--key`, and `--group-key` for nested settings. Sizes
+accept `64MiB`, `2GB`, …; durations `10s`, `5m`.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import re
 import typing
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -26,7 +36,78 @@ _DUR = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 class SettingsError(ValueError):
-    pass
+    """A setting that cannot be used. `setting`: its path inside the section, when a
+    config's own cross-field rule raised it (`invalid`), so the loader can say where
+    the value came from."""
+
+    def __init__(self, message: str, setting: str = "") -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+def invalid(path: str, message: str) -> SettingsError:
+    """The error a config's `rules()` raises for the setting at `path` (relative to its
+    section, e.g. `credit.gamma`); `validate` adds the section and where it was set."""
+    return SettingsError(message, path)
+
+
+# --- declaring ----------------------------------------------------------------------------------
+
+
+def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING,
+            choices: tuple = (), bounds: str = "", pattern: str = "", regex: bool = False, metavar: str = "",
+            flag: str = "") -> Any:
+    """A config field with what its flag, its `--help` line and its check are made from.
+
+    `choices`: the values it may take. `bounds`: an interval it must lie in, written
+    as a mathematician would (`[0, 1)`, `(0, inf)`, `[1, 512]`). `pattern`: a regex
+    a text value must match whole (empty text always passes: "not set").
+    `regex`: the value is itself a regex and must compile. `flag`: the flag's name
+    when it is not `--<key>` (kept for flags that predate the declaration)."""
+    if bounds:
+        _interval(bounds)  # a typo in a declaration fails at import, not on a user's value
+    meta = {"help": help, "choices": tuple(choices), "bounds": bounds, "pattern": pattern, "regex": regex,
+            "metavar": metavar, "flag": flag}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _interval(text: str) -> tuple[bool, float, float, bool]:
+    m = re.fullmatch(r"\s*([\[(])\s*(-?inf|[-+0-9.e]+)\s*,\s*(-?inf|[-+0-9.e]+)\s*([\])])\s*", text)
+    if not m:
+        raise ValueError(f"bounds {text!r}: write an interval such as [0, 1) or (0, inf)")
+    return m.group(1) == "[", float(m.group(2)), float(m.group(3)), m.group(4) == "]"
+
+
+def _problem(f: dataclasses.Field, value: Any) -> str:
+    """What is wrong with `value` for the declared field `f`, or "" when nothing is.
+    A list's constraints hold for each of its items."""
+    meta = f.metadata or {}
+    if isinstance(value, list):
+        for item in value:
+            problem = _problem(f, item)
+            if problem:
+                return f"{problem} (in {value!r})"
+        return ""
+    if meta.get("choices") and value not in meta["choices"]:
+        return f"must be one of {', '.join(map(str, meta['choices']))}, got {value!r}"
+    if meta.get("bounds") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        closed_lo, lo, hi, closed_hi = _interval(meta["bounds"])
+        # NaN compares false with everything, so it is never inside
+        if not ((value >= lo if closed_lo else value > lo) and (value <= hi if closed_hi else value < hi)):
+            return f"must be in {meta['bounds']}, got {value!r}"
+    if meta.get("pattern") and isinstance(value, str) and value and not re.fullmatch(meta["pattern"], value):
+        return f"{value!r} is not of the form {meta.get('metavar') or meta['pattern']}"
+    if meta.get("regex") and isinstance(value, str):
+        try:
+            re.compile(value.removeprefix("re:"))
+        except re.error as e:
+            return f"not a valid regex: {e} (in {value!r})"
+    return ""
+
+
+# --- reading ------------------------------------------------------------------------------------
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -80,9 +161,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _apply(obj: Any, values: dict, path: str, origin) -> None:
+def _apply(obj: Any, values: dict, path: str, origin: Callable[[str], str], where: dict[str, str]) -> None:
     """Set `values` on `obj` (a section's dataclass at `path`, e.g. `collector.redact`);
-    `origin(path)` names where a value came from, for the error that names it."""
+    `origin(path)` names where a value came from, for the error that names it, and
+    `where` keeps it for the checks that run once every source is in."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in values.items():
@@ -93,15 +175,16 @@ def _apply(obj: Any, values: dict, path: str, origin) -> None:
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise SettingsError(f"{origin(here)} ({here}): expected a mapping, got {value!r}")
-            _apply(current, value, here, origin)
+            _apply(current, value, here, origin, where)
         else:
             setattr(obj, key, _coerce(value, hints[key], f"{origin(here)} ({here})"))
+            where[here] = origin(here)
 
 
 def apply(obj: Any, values: dict, source: str = "code") -> None:
     """Settings given as a mapping (nested sections as mappings, as in the YAML file)
     onto a config dataclass, coerced and checked like any other source."""
-    _apply(obj, values, type(obj).__name__, lambda path: source)
+    _apply(obj, values, type(obj).__name__, lambda path: source, {})
 
 
 def _env(obj: Any, prefix: str, env: dict, shared: bool, path: str, names: dict[str, str]) -> dict:
@@ -121,8 +204,13 @@ def _env(obj: Any, prefix: str, env: dict, shared: bool, path: str, names: dict[
 
 
 def load(cls: type, section: str, config_file: str | None = None, flags: dict | None = None,
-         env: dict | None = None) -> Any:
+         env: dict | None = None, *, check: bool = True) -> Any:
+    """`cls()` with the YAML file's `section:` (and top-level `data:`), then the
+    `NIGHTSHIFT_<SECTION>_*` variables, then `flags` (a mapping, nested like the
+    YAML; None values are flags not given) applied in that order, then validated
+    (`validate`) unless `check` is false."""
     obj = cls()
+    where: dict[str, str] = {}
     if config_file:
         try:
             with open(config_file) as fh:
@@ -138,61 +226,179 @@ def load(cls: type, section: str, config_file: str | None = None, flags: dict | 
         sec = doc.get(section) or {}
         if not isinstance(sec, dict):
             raise SettingsError(f"{config_file}: `{section}:` must be a mapping")
-        _apply(obj, {**top, **sec}, section, lambda path: config_file)
+        _apply(obj, {**top, **sec}, section, lambda path: config_file, where)
     var_of: dict[str, str] = {}
     values = _env(obj, f"NIGHTSHIFT_{section.upper()}", os.environ if env is None else env, True, section, var_of)
-    _apply(obj, values, section, lambda path: var_of.get(path, "environment"))
-    _apply(obj, {k: v for k, v in (flags or {}).items() if v is not None}, section,
-           lambda path: "--" + path.rsplit(".", 1)[-1].replace("_", "-"))
+    _apply(obj, values, section, lambda path: var_of.get(path, "environment"), where)
+    flag_of = {f"{section}.{path}": name for path, name in flag_names(cls).items()}
+    _apply(obj, _given(flags or {}), section,
+           lambda path: flag_of.get(path, "--" + path.rsplit(".", 1)[-1].replace("_", "-")), where)
+    if check:
+        validate(obj, section, where)
     return obj
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING,
-            choices: tuple = (), metavar: str = "") -> Any:
-    """A config field with the documentation its flag and `--help` are made from."""
-    meta = {"help": help, "choices": choices, "metavar": metavar}
-    if factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+def _given(flags: dict) -> dict:
+    """The flags the user gave (None: not given), nested groups included."""
+    return {k: _given(v) if isinstance(v, dict) else v for k, v in flags.items() if v is not None}
 
 
-def add_flags(parser, cls: type, *, required: tuple[str, ...] = ()) -> None:
-    """One `--flag` per field of `cls` declared with `setting(...)`: the name with
-    dashes, the help text and default from the declaration. Values stay text here
-    and are coerced by `load`, so a flag, an env var and a YAML key are read alike."""
-    import argparse
-
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if "help" not in f.metadata:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        kw: dict[str, Any] = {"dest": f.name, "default": None}
-        default = f.default if f.default is not dataclasses.MISSING else None
-        shown = (f" (default {default})" if default not in (None, "", 0) and hints[f.name] is not bool
-                 and f.name not in required else "")
-        kw["help"] = f.metadata["help"] + shown
-        if f.name in required:
-            kw["required"] = True
-        if hints[f.name] is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            if f.metadata.get("choices"):
-                kw["choices"] = list(f.metadata["choices"])
-            kw["metavar"] = f.metadata.get("metavar") or None
-        parser.add_argument(flag, **kw)
+# --- checking -----------------------------------------------------------------------------------
 
 
-def flags_of(cls: type, args: Any) -> dict:
-    """The values of `add_flags`' flags the user gave (None: not given)."""
-    return {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls) if "help" in f.metadata}
-
-
-def check_choices(obj: Any, section: str) -> None:
-    """Every `setting(choices=...)` of `obj` holds one of its choices: one validation
-    style for the choices declared with the settings."""
+def _declared(obj: Any, path: str):
+    """(path, field, value) of every field of `obj` and its nested sections."""
     for f in dataclasses.fields(obj):
-        choices = f.metadata.get("choices") if f.metadata else None
-        if choices and getattr(obj, f.name) not in choices:
-            raise SettingsError(f"{section}.{f.name} must be one of {', '.join(map(str, choices))}, "
-                                f"got {getattr(obj, f.name)!r}")
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _declared(value, f"{path}.{f.name}")
+        else:
+            yield f"{path}.{f.name}", f, value
+
+
+def validate(obj: Any, section: str, where: dict[str, str] | None = None) -> None:
+    """Every declared constraint of `obj` and its nested sections, then its own rules
+    between settings (a `rules()` method raising `invalid(path, message)`): one style
+    of check and of message for every stage. `where` (from `load`) names the source
+    of each value set; a value nobody set is the default."""
+    where = where or {}
+
+    def named(path: str, problem: str) -> SettingsError:
+        source = where.get(path)
+        return SettingsError(f"{source} ({path}): {problem}" if source else f"{path}: {problem}")
+
+    for path, f, value in _declared(obj, section):
+        problem = _problem(f, value)
+        if problem:
+            raise named(path, problem)
+    rules = getattr(obj, "rules", None)
+    if rules is not None:
+        try:
+            rules()
+        except SettingsError as e:
+            if not e.setting:
+                raise
+            raise named(f"{section}.{e.setting}", str(e)) from None
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def flag_names(cls: type, prefix: str = "") -> dict[str, str]:
+    """Each declared setting's flag: `--key`, `--group-key` for nested ones, or the
+    name its declaration gives; keyed by the setting's path inside the section."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if _nested(cls, f):
+            out.update(flag_names(_nested(cls, f), f"{prefix}{f.name}."))
+        elif "help" in (f.metadata or {}):
+            out[prefix + f.name] = f.metadata.get("flag") or "--" + (prefix + f.name).replace(".", "-").replace("_", "-")
+    return out
+
+
+def _nested(cls: type, f: dataclasses.Field) -> type | None:
+    tp = typing.get_type_hints(cls).get(f.name)
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+def _metavar(tp: Any, f: dataclasses.Field) -> str | None:
+    if f.metadata.get("metavar"):
+        return f.metadata["metavar"]
+    origin = typing.get_origin(tp)
+    if f.metadata.get("choices"):
+        names = ",".join(map(str, f.metadata["choices"]))
+        return names if origin is list else "{" + names + "}"
+    if origin is list:
+        return "A,B"
+    if origin is dict or tp is dict:
+        return "JSON"
+    return {int: "N", float: "X"}.get(tp, "TEXT")
+
+
+def _shown_default(f: dataclasses.Field, tp: Any) -> str:
+    if tp is bool:
+        return ""
+    default = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    if default in (None, "", 0, [], {}):
+        return ""
+    if isinstance(default, list):
+        default = ",".join(map(str, default))
+    elif f.metadata.get("metavar") == "SIZE":
+        default = _size_text(default)
+    elif f.metadata.get("metavar") == "DURATION":
+        default = _duration_text(default)
+    return f" (default {default})"
+
+
+def _size_text(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, *, section: str = "", only: tuple[str, ...] = (),
+              required: tuple[str, ...] = ()) -> None:
+    """One flag per setting of `cls` declared with `setting(...)`: the name with dashes
+    (`--group-key` for nested ones), the help text and default from the declaration,
+    nested sections in groups of their own. `only`: just these settings (paths).
+    Values stay text here and are coerced and checked by `load`, so a flag, an
+    environment variable and a YAML key are read alike."""
+    names = flag_names(cls)
+    groups: dict[str, Any] = {}
+    for path, flag in names.items():
+        if only and path not in only:
+            continue
+        owner, f, tp = _field(cls, path)
+        group = path.rpartition(".")[0]
+        target = parser
+        if group:
+            if group not in groups:
+                where = f"{section}: {group}:" if section else group
+                env = f"NIGHTSHIFT_{section.upper()}_{group.upper().replace('.', '_')}_*" if section else ""
+                desc = (owner.__doc__ or "").strip().split("\n\n")[0]
+                groups[group] = parser.add_argument_group(
+                    f"{section + '.' if section else ''}{group} (YAML {where}{', env ' + env if env else ''})",
+                    " ".join(desc.split()) if desc and not desc.startswith(owner.__name__ + "(") else None)
+            target = groups[group]
+        kw: dict[str, Any] = {"dest": path.replace(".", "__"), "default": None,
+                              "help": (f.metadata["help"] + ("" if path in required else _shown_default(f, tp))).replace("%", "%%")}
+        if path in required:
+            kw["required"] = True
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:  # choices are checked by `validate`, with the message every source gets
+            kw["metavar"] = _metavar(tp, f)
+        target.add_argument(flag, **kw)
+
+
+def _field(cls: type, path: str) -> tuple[type, dataclasses.Field, Any]:
+    """The dataclass that declares the setting at `path`, its field and its type."""
+    head, _, rest = path.partition(".")
+    f = next(x for x in dataclasses.fields(cls) if x.name == head)
+    if rest:
+        return _field(_nested(cls, f), rest)
+    return cls, f, typing.get_type_hints(cls)[head]
+
+
+def flags_of(cls: type, args: argparse.Namespace) -> dict:
+    """The values of `add_flags`' flags, nested like the YAML, for `load` (None: not given)."""
+    out: dict = {}
+    for path in flag_names(cls):
+        value = getattr(args, path.replace(".", "__"), None)
+        if value is None:
+            continue
+        *groups, key = path.split(".")
+        node = out
+        for g in groups:
+            node = node.setdefault(g, {})
+        node[key] = value
+    return out

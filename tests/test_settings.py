@@ -304,6 +304,159 @@ def test_publish_flags_are_made_from_the_one_declaration_and_read_like_any_setti
         load(PublishSettings, "publish", None, flags_of(PublishSettings, p.parse_args(["--vllm-url", "u", "--keep", "many"])), {})
     # the nightly job's YAML takes the same publishing keys, declared nowhere else
     assert {f.name for f in dataclasses.fields(PublishSettings)} <= {f.name for f in dataclasses.fields(NightlyConfig)}
-    n = load(NightlyConfig, "nightly", None, None, {"NIGHTSHIFT_NIGHTLY_MODE": "fast"})
-    with pytest.raises(SettingsError, match="nightly.mode must be one of lora, full, got 'fast'"):
-        n.check()
+    with pytest.raises(SettingsError, match=r"^NIGHTSHIFT_NIGHTLY_MODE='fast' \(nightly\.mode\): must be one of lora, full, "
+                                            r"got 'fast'"):
+        load(NightlyConfig, "nightly", None, None, {"NIGHTSHIFT_NIGHTLY_MODE": "fast"})
+
+
+# --- one declaration per setting, for every stage ----------------------------------------------------
+
+
+def _every_config():
+    from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.publish import PublishSettings
+    from nightshift.serve.config import ServeConfig
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.transform.config import TransformConfig
+
+    return [(CollectorConfig, "collector"), (TransformConfig, "transform"), (TrainConfig, "train"),
+            (NightlyConfig, "nightly"), (PublishSettings, "publish"), (ServeConfig, "serve")]
+
+
+def test_every_setting_of_every_stage_is_declared_with_its_documentation():
+    import dataclasses
+    import typing
+
+    def fields(cls, path):
+        for f in dataclasses.fields(cls):
+            yield f"{path}.{f.name}", f
+            nested = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(nested):
+                yield from fields(nested, f"{path}.{f.name}")
+
+    import typing
+
+    undocumented = [path for cls, section in _every_config() for path, f in fields(cls, section)
+                    if len((f.metadata or {}).get("help", "")) < 3]
+    assert undocumented == []
+
+
+def test_collect_build_train_and_serve_flags_are_made_from_the_declarations_and_keep_their_old_names(tmp_path):
+    from nightshift.cli.main import build_parser
+    from nightshift.settings import flag_names
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.transform.config import TransformConfig
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    old = {"collect": ["--data", "--grpc", "--http", "--wal", "--token", "--tls-cert", "--tls-key", "--log-level", "--config"],
+           "build": ["--data", "--since", "--until", "--settle", "--credit", "--incremental", "--quiet", "--config"],
+           "train": ["--data", "--base-model", "--output", "--algorithm", "--served-model-name", "--init-adapter",
+                     "--since", "--until", "--agents", "--epochs", "--max-steps", "--learning-rate", "--batch-size",
+                     "--full", "--chat-template", "--quiet", "--config"]}
+    from nightshift.serve.config import ServeConfig
+
+    old["serve"] = ["--engine", "--model", "--served-model-name", "--host", "--port", "--api-key", "--max-lora-rank",
+                    "--max-loras", "--tool-call-parser", "--dtype", "--dry-run", "--log-level"]
+    for cmd, cls in (("collect", CollectorConfig), ("build", TransformConfig), ("train", TrainConfig),
+                     ("serve", ServeConfig)):
+        options = {o for a in sub[cmd]._actions for o in a.option_strings}
+        assert set(old[cmd]) <= options, set(old[cmd]) - options
+        assert set(flag_names(cls).values()) <= options  # every declared setting has its flag
+        help_text = " ".join(sub[cmd].format_help().split())
+        for path in flag_names(cls):  # ... and its documentation
+            _, f, _ = _declared_field(cls, path)
+            assert " ".join(f.metadata["help"].split())[:25] in help_text, (cmd, path)
+    assert {o for a in sub["ingest"]._actions for o in a.option_strings} >= {"--data", "--log-level", "--config", "--quiet"}
+    assert "--grpc" not in {o for a in sub["ingest"]._actions for o in a.option_strings}
+
+
+def _declared_field(cls, path):
+    from nightshift.settings import _field  # noqa: PLC2701 - the declaration a flag was made from
+
+    return _field(cls, path)
+
+
+def test_nested_and_renamed_flags_reach_their_settings():
+    from nightshift.cli.main import build_parser
+    from nightshift.settings import flags_of
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.transform.config import TransformConfig
+
+    p = build_parser()
+    a = p.parse_args(["train", "--base-model", "/m", "--pg-kl-coef", "0.05", "--since", "2025-11-01", "--agents",
+                      "writer,rewriter", "--no-select-require-reward", "--full", "--epochs", "2"])
+    t = load(TrainConfig, "train", None, flags_of(TrainConfig, a), {})
+    assert (t.base_model, t.pg.kl_coef, t.select.since, t.select.agents, t.select.require_reward, t.full_finetune,
+            t.epochs) == ("/m", 0.05, "2025-11-01", "writer,rewriter", False, True, 2.0)
+    a = p.parse_args(["build", "--credit", "discounted", "--credit-gamma", "0.5", "--reward-keys", "app.r,app.s",
+                      "--incremental"])
+    b = load(TransformConfig, "transform", None, flags_of(TransformConfig, a), {})
+    assert (b.credit.strategy, b.credit.gamma, b.reward.keys, b.incremental) == ("discounted", 0.5, ["app.r", "app.s"], True)
+    untouched = load(TransformConfig, "transform", None, flags_of(TransformConfig, p.parse_args(["build"])), {})
+    assert untouched == TransformConfig()
+
+
+@pytest.mark.parametrize("source,expect", [
+    ("flag", r"^--credit-gamma \(transform\.credit\.gamma\): must be in \[0, 1\], got 1\.5$"),
+    ("env", r"^NIGHTSHIFT_TRANSFORM_CREDIT_GAMMA='1.5' \(transform\.credit\.gamma\): must be in \[0, 1\], got 1\.5$"),
+    ("yaml", r"^.*nightshift\.yaml \(transform\.credit\.gamma\): must be in \[0, 1\], got 1\.5$"),
+])
+def test_a_value_out_of_its_declared_range_names_setting_value_and_source(tmp_path, source, expect):
+    from nightshift.transform.config import TransformConfig
+
+    f = tmp_path / "nightshift.yaml"
+    f.write_text("transform:\n  credit: {gamma: 1.5}\n")
+    with pytest.raises(SettingsError, match=expect):
+        load(TransformConfig, "transform", str(f) if source == "yaml" else None,
+             {"credit": {"gamma": "1.5"}} if source == "flag" else None,
+             {"NIGHTSHIFT_TRANSFORM_CREDIT_GAMMA": "1.5"} if source == "env" else {})
+
+
+@pytest.mark.parametrize("section,env,expect", [
+    ("train", {"NIGHTSHIFT_TRAIN_LEARNING_RATE": "nan"}, r"train\.learning_rate\): must be in \(0, inf\), got nan"),
+    ("train", {"NIGHTSHIFT_TRAIN_PG_CLIP": "ppo2"}, r"train\.pg\.clip\): must be one of topr, ppo, truncate, none"),
+    ("train", {"NIGHTSHIFT_TRAIN_SELECT_SINCE": "2025/11/01"}, r"train\.select\.since\): '2025/11/01' is not of the form YYYY-MM-DD"),
+    ("train", {"NIGHTSHIFT_TRAIN_SELECT_AGENTS": "writer("}, r"train\.select\.agents\): not a valid regex"),
+    ("train", {"NIGHTSHIFT_TRAIN_LORA_R": "1024"}, r"train\.lora\.r\): must be in \[1, 512\], got 1024"),
+    ("transform", {"NIGHTSHIFT_TRANSFORM_REWARD_PREFER": "feedback,vibes"}, r"must be one of feedback, function, span, got 'vibes'"),
+    ("transform", {"NIGHTSHIFT_TRANSFORM_REWARD_DEFAULT": "nan"}, r"transform\.reward\.default\): 'nan' is not of the form NUMBER"),
+    ("collector", {"NIGHTSHIFT_COLLECTOR_GRPC": "everywhere"}, r"collector\.grpc\): 'everywhere' is not of the form HOST:PORT\|off"),
+    ("collector", {"NIGHTSHIFT_COLLECTOR_REDACT_PRESETS": "api_key,phone"}, r"collector\.redact\.presets\): unknown preset\(s\) 'phone'"),
+    ("collector", {"NIGHTSHIFT_COLLECTOR_TLS_CERT": "/c.pem"}, r"collector\.tls_cert\): tls_cert and tls_key go together"),
+    ("nightly", {"NIGHTSHIFT_NIGHTLY_GATE_RANKING_CONFIDENCE": "1"}, r"nightly\.gate\.ranking_confidence\): must be in \[0\.5, 1\)"),
+    ("nightly", {"NIGHTSHIFT_NIGHTLY_KEEP": "0"}, r"nightly\.keep\): must be in \[1, inf\), got 0"),
+    ("serve", {"NIGHTSHIFT_SERVE_MODEL": "/m", "NIGHTSHIFT_SERVE_MAX_LORA_RANK": "24"},
+     r"serve\.max_lora_rank\): must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512, got 24"),
+    ("serve", {}, r"^serve\.model: required"),
+])
+def test_every_stage_checks_its_values_one_way(section, env, expect):
+    cls = dict((s, c) for c, s in _every_config())[section]
+    env = {"NIGHTSHIFT_TRAIN_BASE_MODEL": "/m", **env}
+    with pytest.raises(SettingsError, match=expect):
+        load(cls, section, None, None, env)
+
+
+def test_rules_between_settings_name_the_setting_and_where_it_was_set(tmp_path):
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.transform.config import TransformConfig
+
+    with pytest.raises(SettingsError, match=r"^train\.base_model: required: the model to train"):
+        load(TrainConfig, "train", None, None, {})
+    with pytest.raises(SettingsError, match=r"^NIGHTSHIFT_TRAIN_INIT_ADAPTER='/a' \(train\.init_adapter\): init_adapter "
+                                            r"continues a LoRA adapter"):
+        load(TrainConfig, "train", None, {"full_finetune": True}, {"NIGHTSHIFT_TRAIN_BASE_MODEL": "/m",
+                                                                    "NIGHTSHIFT_TRAIN_INIT_ADAPTER": "/a"})
+    with pytest.raises(SettingsError, match=r"^--incremental \(transform\.incremental\): incremental builds find their own"):
+        load(TransformConfig, "transform", None, {"incremental": True, "since": "2025-11-01"}, {})
+    cfg = load(TrainConfig, "train", None, None, {"NIGHTSHIFT_TRAIN_BASE_MODEL": "/m"})
+    cfg.algorithm = "grpo"  # a value set in code is checked the same way
+    with pytest.raises(SettingsError, match=r"^train\.algorithm: must be one of pg, awr, sft, kto, dpo, got 'grpo'"):
+        cfg.check()
+
+
+def test_build_with_a_bad_flag_exits_2_and_says_which(tmp_path):
+    r = _run([sys.executable, "-m", "nightshift.cli", "build", "--data", str(tmp_path / "d"), "--credit-gamma", "2"], tmp_path)
+    assert r.returncode == 2
+    assert "--credit-gamma (transform.credit.gamma): must be in [0, 1], got 2.0" in r.stderr
+    r = _run([sys.executable, "-m", "nightshift.cli", "train", "--help"], tmp_path)
+    assert r.returncode == 0 and "--pg-kl-coef" in r.stdout and "train.pg (YAML train: pg:, env NIGHTSHIFT_TRAIN_PG_*)" in r.stdout

@@ -52,9 +52,9 @@ def test_exit_codes_say_what_went_wrong(tmp_path, tiny_model):
     p = ns("train", "--data", str(tmp_path / "none"), "--base-model", str(tiny_model))
     assert p.returncode == 1 and "no transitions dataset" in p.stderr
     p = ns("train", "--data", str(tmp_path), "--base-model", str(tiny_model), "--algorithm", "ppo")
-    assert p.returncode == 2 and "algorithm must be one of" in p.stderr
+    assert p.returncode == 2 and "--algorithm (train.algorithm): must be one of" in p.stderr
     p = ns("train", "--data", str(tmp_path))
-    assert p.returncode == 2 and "base_model is required" in p.stderr
+    assert p.returncode == 2 and "train.base_model: required" in p.stderr
     write(tmp_path / "d2", _rows(2))
     p = ns("train", "--data", str(tmp_path / "d2"), "--base-model", str(tmp_path / "no-such-model"))
     assert p.returncode == 1 and "not a local folder" in p.stderr

@@ -330,10 +330,10 @@ def test_settings_from_yaml_and_environment(tmp_path):
     assert cfg.select.models == ["a", "b"]
     cfg.check()
     cfg.algorithm = "grpo"
-    with pytest.raises(SettingsError, match="algorithm must be one of pg, awr, sft, kto, dpo"):
+    with pytest.raises(SettingsError, match=r"^train\.algorithm: must be one of pg, awr, sft, kto, dpo, got 'grpo'"):
         cfg.check()
     cfg.algorithm, cfg.lora.r = "pg", 1024
-    with pytest.raises(SettingsError, match="lora.r must be in 1..512"):
+    with pytest.raises(SettingsError, match=r"^train\.lora\.r: must be in \[1, 512\], got 1024"):
         cfg.check()
 
 

@@ -6,10 +6,9 @@ other attempts when there are any.
 
 from __future__ import annotations
 
-import math
-import re
+from dataclasses import dataclass
 
-from dataclasses import dataclass, field
+from nightshift.settings import invalid, setting, validate
 
 CREDIT_STRATEGIES = ("identical", "discounted", "last", "per_step")
 BASELINES = ("group", "batch", "none")
@@ -17,113 +16,90 @@ WEIGHTINGS = ("trajectory", "step")
 SOURCES = ("feedback", "function", "span")
 
 
+_DATE = r"\d{4}-\d{2}-\d{2}"
+
+
 @dataclass
 class RewardConfig:
-    """`name`: which named reward is the outcome (`""`: the primary one: element 0
-    of Agent Lightning's list, or the first name seen). `keys`: extra span attribute
-    keys holding a reward (e.g. `app.reward`). `functions`: `module:function` names
-    of user reward functions, called with each trajectory. `prefer`: which source
-    wins when several give a reward to the same trajectory."""
+    """Where a trajectory's reward comes from (span attributes, feedback, your functions)."""
 
-    name: str = ""
-    keys: list[str] = field(default_factory=list)
-    functions: list[str] = field(default_factory=list)
-    prefer: list[str] = field(default_factory=lambda: list(SOURCES))
-    default: str = ""  # reward for trajectories nobody rated ("" = leave them unrated)
+    name: str = setting("", help="which named reward is the outcome (empty: the primary one: element 0 of Agent "
+                                 "Lightning's list, or the first name seen)")
+    keys: list[str] = setting(factory=list, help="more span attribute keys holding a reward, e.g. app.reward")
+    functions: list[str] = setting(factory=list, help="reward functions, module:function, called with each "
+                                                      "trajectory", pattern=r"[\w.]+:[\w.]+",
+                                   metavar="MODULE:FUNCTION,...")
+    prefer: list[str] = setting(factory=lambda: list(SOURCES), help="which source wins when several give a "
+                                                                    "reward to one trajectory", choices=SOURCES)
+    default: str = setting("", help="reward for trajectories nobody rated (empty: leave them unrated)",
+                           pattern=r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", metavar="NUMBER")
 
 
 @dataclass
 class CreditConfig:
-    """`strategy`: identical | discounted | last | per_step. `gamma`: the discount
-    of `discounted` and `per_step`. `tool_error_penalty`: subtracted from the
-    return of a call whose tool call came back as an error (the tool's result, as
-    the next call saw it, matches `tool_error_pattern`): with a trajectory-wide
-    outcome, the call that caused the trouble should not share the credit of
-    the calls around it (0 turns it off)."""
+    """How the outcome is shared among a trajectory's calls."""
 
-    strategy: str = "identical"
-    gamma: float = 0.9
-    tool_error_penalty: float = 0.5
-    tool_error_pattern: str = r"(?i)\b(error|exception|traceback|failed|not found|invalid|no such tool)\b"
+    strategy: str = setting("identical", help="identical (every call gets the outcome), discounted (gamma per step "
+                                              "back), last (only the last call), per_step (rewards to go)",
+                            choices=CREDIT_STRATEGIES, flag="--credit")
+    gamma: float = setting(0.9, help="the discount of discounted and per_step", bounds="[0, 1]")
+    tool_error_penalty: float = setting(0.5, help="subtracted from the return of a call whose tool call came back "
+                                                  "as an error (its result matches tool_error_pattern): it should "
+                                                  "not share the credit of the calls around it; 0 turns it off",
+                                        bounds="[0, inf)")
+    tool_error_pattern: str = setting(r"(?i)\b(error|exception|traceback|failed|not found|invalid|no such tool)\b",
+                                      help="a tool result matching this regex was an error", regex=True,
+                                      metavar="REGEX")
 
 
 @dataclass
 class AdvantageConfig:
-    """`baseline`: group (mean return of the same task's trajectories, batch mean for
-    groups of one) | batch | none. `normalize`: divide by the group's (or batch's)
-    standard deviation. `weighting`: trajectory (each trajectory weighs 1 in
-    total, spread over its calls) | step (each call weighs 1)."""
+    """What each call's return is compared with."""
 
-    baseline: str = "group"
-    normalize: bool = False
-    weighting: str = "trajectory"
+    baseline: str = setting("group", help="group (mean return of the same task's trajectories, batch mean for "
+                                          "groups of one), batch or none", choices=BASELINES)
+    normalize: bool = setting(False, help="divide by the group's (or batch's) standard deviation")
+    weighting: str = setting("trajectory", help="trajectory (each trajectory weighs 1, spread over its calls) or "
+                                                "step (each call weighs 1)", choices=WEIGHTINGS)
 
 
 @dataclass
 class TransformConfig:
-    """`trajectory`: trace | conversation (calls sharing `gen_ai.conversation.id` /
-    `session.id` across traces form one trajectory) | linked (traces joined by
-    span links form one: AutoGen teams without a span around `team.run()`). `group_by`: what makes two
-    trajectories the same task: first_user_message | conversation | attribute:<key> |
-    none. `settle`: a trajectory is built once nothing has arrived for it for this
-    long (seconds; `10m` works). `agents_include`/`agents_exclude`: regexes on the
-    agent name, selecting whose calls become rows."""
+    """Which spans become which trajectories and transitions."""
 
-    data: str = "./nightshift-data"
-    trajectory: str = "trace"
-    group_by: str = "first_user_message"
-    settle: float = 600.0
-    since: str = ""
-    until: str = ""
-    agents_include: str = ""
-    agents_exclude: str = ""
-    memory_budget: int = 512 << 20  # peak memory to aim for; more data is processed in buckets of traces
-    incremental: bool = False  # rebuild only the dates whose spans or feedback changed since the last build
-    storage_options: dict = field(default_factory=dict)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    credit: CreditConfig = field(default_factory=CreditConfig)
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    data: str = setting("./nightshift-data", help="dataset root: a folder or an fsspec URL", metavar="DIR|URL")
+    trajectory: str = setting("trace", help="trace; conversation (calls sharing gen_ai.conversation.id / "
+                                            "session.id across traces); linked (traces joined by span links: "
+                                            "AutoGen teams without a span around team.run())",
+                              choices=("trace", "conversation", "linked"))
+    group_by: str = setting("first_user_message", help="what makes two trajectories the same task: "
+                                                       "first_user_message, conversation, attribute:<key> or none",
+                            pattern=r"first_user_message|conversation|none|attribute:.+",
+                            metavar="first_user_message|conversation|none|attribute:KEY")
+    settle: float = setting(600.0, help="build a trajectory once nothing has arrived for it for this long "
+                                        "(0 = now)", bounds="[0, inf)", metavar="DURATION")
+    since: str = setting("", help="first date of spans to build from (default: all)", pattern=_DATE,
+                         metavar="YYYY-MM-DD")
+    until: str = setting("", help="last date (default: all)", pattern=_DATE, metavar="YYYY-MM-DD")
+    agents_include: str = setting("", help="regex on the agent name: only these agents' calls become rows",
+                                  regex=True, metavar="REGEX")
+    agents_exclude: str = setting("", help="regex on the agent name: these agents' calls do not", regex=True,
+                                  metavar="REGEX")
+    memory_budget: int = setting(512 << 20, help="peak memory to aim for; more data is processed in buckets of "
+                                                 "traces", bounds="[1, inf)", metavar="SIZE")
+    incremental: bool = setting(False, help="rebuild only the dates whose spans or feedback changed since the last "
+                                            "build (late spans however late; a rerun with nothing new writes "
+                                            "nothing; what `nightly` runs)")
+    storage_options: dict = setting(factory=dict, help="passed to fsspec for data")
+    reward: RewardConfig = setting(factory=RewardConfig, help="rewards")
+    credit: CreditConfig = setting(factory=CreditConfig, help="credit assignment")
+    advantage: AdvantageConfig = setting(factory=AdvantageConfig, help="advantages")
+
+    def rules(self) -> None:
+        if self.incremental and (self.since or self.until):
+            raise invalid("incremental", "incremental builds find their own dates from what changed; drop since/until "
+                                         f"(got since={self.since!r}, until={self.until!r})")
 
     def check(self) -> None:
         """Refuse settings that would silently do something else."""
-        from nightshift.settings import SettingsError
-
-        if self.credit.strategy not in CREDIT_STRATEGIES:
-            raise SettingsError(f"credit.strategy must be one of {', '.join(CREDIT_STRATEGIES)}, got {self.credit.strategy!r}")
-        if not math.isfinite(self.credit.tool_error_penalty) or self.credit.tool_error_penalty < 0:
-            raise SettingsError(f"credit.tool_error_penalty must be >= 0, got {self.credit.tool_error_penalty}")
-        try:
-            re.compile(self.credit.tool_error_pattern)
-        except re.error as e:
-            raise SettingsError(f"credit.tool_error_pattern: not a valid regex: {e}") from None
-        if not 0.0 <= self.credit.gamma <= 1.0:
-            raise SettingsError(f"credit.gamma must be in [0, 1], got {self.credit.gamma}")
-        if self.advantage.baseline not in BASELINES:
-            raise SettingsError(f"advantage.baseline must be one of {', '.join(BASELINES)}, got {self.advantage.baseline!r}")
-        if self.advantage.weighting not in WEIGHTINGS:
-            raise SettingsError(f"advantage.weighting must be one of {', '.join(WEIGHTINGS)}")
-        if self.trajectory not in ("trace", "conversation", "linked"):
-            raise SettingsError(f"trajectory must be trace, conversation or linked, got {self.trajectory!r}")
-        g = self.group_by
-        if g not in ("first_user_message", "conversation", "none") and not g.startswith("attribute:"):
-            raise SettingsError(f"group_by must be first_user_message, conversation, none or attribute:<key>, got {g!r}")
-        bad = [s for s in self.reward.prefer if s not in SOURCES]
-        if bad:
-            raise SettingsError(f"reward.prefer: unknown sources {bad} (known: {', '.join(SOURCES)})")
-        for fn in self.reward.functions:
-            if ":" not in fn:
-                raise SettingsError(f"reward.functions: {fn!r} must be module:function")
-
-        if self.incremental and (self.since or self.until):
-            raise SettingsError("incremental builds find their own dates from what changed; drop since/until "
-                                f"(got since={self.since!r}, until={self.until!r})")
-        for what in ("agents_include", "agents_exclude"):
-            try:
-                re.compile(getattr(self, what))
-            except re.error as e:
-                raise SettingsError(f"{what}: not a valid regex: {e}") from None
-        if self.reward.default:
-            try:
-                float(self.reward.default)
-            except ValueError:
-                raise SettingsError(f"reward.default must be a number, got {self.reward.default!r}") from None
+        validate(self, "transform")
