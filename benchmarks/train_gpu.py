@@ -33,12 +33,9 @@ MFU and ≥ 1.3× TRL's defaults.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +47,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+import harness  # noqa: E402
+from harness import Target, log  # noqa: E402
 
 SHAPES = {  # Qwen2.5 configs (config.json of Qwen/Qwen2.5-0.5B and -1.5B)
     "0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864),
@@ -57,12 +57,10 @@ SHAPES = {  # Qwen2.5 configs (config.json of Qwen/Qwen2.5-0.5B and -1.5B)
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128),
 }
 VOCAB = 151_936
+#: Issue 4, one H200: nightshift pg's tokens/s against TRL's SFTTrainer defaults (and >= 40 % MFU).
+T_PG_VS_TRL = Target(">=", 1.3, "1.3x")
 WORDS = ("the agent calls a tool to look up the answer and then replies with a short summary of what it found "
          "weather city temperature capital country population calculator expression result").split()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def text(n_tokens: int, rng: random.Random) -> str:
@@ -213,8 +211,8 @@ def run_trl_default(model_dir: Path, data: Path, out: Path, args, timer: Timer) 
             "packing": conf.packing}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args() -> argparse.Namespace:
+    ap = harness.parser(__doc__, seed=0)
     ap.add_argument("--models", default="0.5b,1.5b", help="comma-separated: 0.5b, 1.5b (GPU); tiny (CPU)")
     ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU: a check that it runs, not a figure")
     ap.add_argument("--steps", type=int, default=30)
@@ -226,14 +224,10 @@ def main() -> int:
     ap.add_argument("--max-length", type=int, default=4096)
     ap.add_argument("--peak-tflops", type=float, default=790.0)
     ap.add_argument("--runs", default="pg,sft,trl", help="which of pg, sft, trl")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     import torch
-    import transformers
-    import trl
 
-    gpu = torch.cuda.is_available()
-    if args.tiny or not gpu:
+    if args.tiny or not torch.cuda.is_available():
         if not args.tiny:
             log("no GPU: running the tiny model on the CPU (figures are a smoke check, not the issue's targets)")
         args.models = "tiny"
@@ -243,72 +237,98 @@ def main() -> int:
         args.prompt_tokens = min(args.prompt_tokens, 128)
         args.completion_tokens = min(args.completion_tokens, 48)
         args.batch_size = min(args.batch_size, 8)
+    return args
+
+
+def header(args: argparse.Namespace, gpu: bool) -> list[str]:
+    import torch
+    import transformers
+    import trl
+
     device = torch.cuda.get_device_name(0) if gpu else f"CPU ({os.cpu_count()} cores)"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    except OSError:
-        commit = "?"
-    print("nightshift trainer benchmark")
-    print(f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}, commit {commit}")
-    print(f"device: {device}; torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
-          f"python {platform.python_version()}")
     try:
         import flash_attn  # noqa: F401
 
         attn = "flash_attention_2"
     except ImportError:
         attn = "sdpa"
-    print(f"attention: {attn}; precision: {'bf16' if gpu else 'fp32'}; peak for MFU: {args.peak_tflops} TFLOP/s")
-    print(f"rows: {args.rows}, prompt ~{args.prompt_tokens} tokens, completion ~{args.completion_tokens} (±50 %), "
-          f"{args.steps} steps ({args.warmup} warm-up), nightshift batch {args.batch_size}")
+    return [
+        *harness.header("nightshift trainer benchmark", args, versions=(
+            f"torch {torch.__version__}", f"transformers {transformers.__version__}", f"trl {trl.__version__}")),
+        f"device: {device}",
+        f"attention: {attn}; precision: {'bf16' if gpu else 'fp32'}; peak for MFU: {args.peak_tflops} TFLOP/s",
+        f"rows: {args.rows}, prompt ~{args.prompt_tokens} tokens, completion ~{args.completion_tokens} (±50 %), "
+        f"{args.steps} steps ({args.warmup} warm-up), nightshift batch {args.batch_size}",
+    ]
+
+
+def measure_run(run: str, shape: str, model_dir: Path, data: Path, root: Path, args: argparse.Namespace,
+                n_params: tuple[int, int, int, int], gpu: bool) -> tuple[float, list[str]]:
+    """One run on a fresh model: its tokens/s and its table row."""
+    timer = Timer(args.warmup)
+    log(f"{shape}: {run}")
+    if run in ("pg", "sft"):
+        r = run_nightshift(run, model_dir, data, root / f"ck-{shape}-{run}", args, timer)
+        from nightshift.trainer.config import TrainConfig
+        from nightshift.trainer.model import packed
+
+        layout = "packed" if packed(TrainConfig(base_model="x")) else "padded, grouped by length"
+        note = f"LoRA r16, {layout}" + (", logits at completion positions" if run == "pg" else "")
+    else:
+        r = run_trl_default(model_dir, data, root / f"trl-{shape}", args, timer)
+        note = f"LoRA r16, SFTConfig defaults: batch {r['batch_size']}, " \
+               f"gradient_checkpointing={r['gradient_checkpointing']}, packing={r['packing']}"
+    tps = timer.tokens_per_s()
+    # share of completion tokens in the data, for pg's head FLOPs
+    share = args.completion_tokens / (args.completion_tokens + args.prompt_tokens + 20)
+    head = share if run == "pg" else 1.0
+    mean_len = args.completion_tokens + args.prompt_tokens
+    f_tok = flops(*n_params, 1, head, mean_len, lora=True)
+    mfu = tps * f_tok / (args.peak_tflops * 1e12) if gpu else float("nan")
+    peak = f"{r['peak'] / 2**30:.1f} GiB" if r["peak"] else "n/a"
+    mfu_s = f"{mfu * 100:.1f}%" if mfu == mfu else "n/a"
+    name = ("nightshift " + run) if run != "trl" else "trl sft default"
+    return tps, [name, f"{tps:,.0f}", mfu_s, peak, str(timer.steps), note]
+
+
+def measure_model(shape: str, data: Path, root: Path, args: argparse.Namespace, gpu: bool) -> list[str]:
+    """Every run on one model shape: the table and the ratios to TRL's defaults."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = build_model_dir(shape, root)
+    probe = AutoModelForCausalLM.from_pretrained(model_dir)
+    n_params = params(probe)
+    del probe
+    body, d, L, V = n_params
+    results, rows = {}, []
+    for run in args.runs.split(","):
+        results[run], row = measure_run(run, shape, model_dir, data, root, args, n_params, gpu)
+        rows.append(row)
+    out = ["", f"model {shape}: {body / 1e6:,.0f}M body params, d={d}, L={L}, V={V:,}",
+           *harness.table(rows, header=("run", "tokens/s", "MFU", "peak GPU", "steps", "notes"), align="<>>>><")]
+    if "trl" in results:
+        for run in ("pg", "sft"):
+            if run in results:
+                ratio = results[run] / results["trl"]
+                target = f" ({T_PG_VS_TRL.check(ratio)})" if run == "pg" and gpu else ""
+                out.append(f"  nightshift {run} / trl defaults, tokens/s: {ratio:.2f}x{target}")
+    if not gpu:
+        out.append("  (CPU, tiny model: these figures check that every run works; the targets are for one H200)")
+    return out
+
+
+def main() -> int:
+    args = parse_args()
+    import torch
+
+    gpu = torch.cuda.is_available()
+    print("\n".join(header(args, gpu)), flush=True)
     root = Path(tempfile.mkdtemp(prefix="nightshift-bench-train-"))
     try:
         data = root / "data"
         write_rows(data, args.rows, args.prompt_tokens, args.completion_tokens, args.seed)
         for shape in args.models.split(","):
-            model_dir = build_model_dir(shape, root)
-            from transformers import AutoModelForCausalLM
-
-            probe = AutoModelForCausalLM.from_pretrained(model_dir)
-            body, d, L, V = params(probe)
-            del probe
-            print(f"\nmodel {shape}: {body / 1e6:,.0f}M body params, d={d}, L={L}, V={V:,}")
-            print(f"  {'run':16} {'tokens/s':>10} {'MFU':>7} {'peak GPU':>10} {'steps':>6}  notes")
-            results = {}
-            for run in args.runs.split(","):
-                timer = Timer(args.warmup)
-                log(f"{shape}: {run}")
-                if run in ("pg", "sft"):
-                    r = run_nightshift(run, model_dir, data, root / f"ck-{shape}-{run}", args, timer)
-                    from nightshift.trainer.config import TrainConfig
-                    from nightshift.trainer.model import packed
-
-                    layout = "packed" if packed(TrainConfig(base_model="x")) else "padded, grouped by length"
-                    note = f"LoRA r16, {layout}" + (", logits at completion positions" if run == "pg" else "")
-                else:
-                    r = run_trl_default(model_dir, data, root / f"trl-{shape}", args, timer)
-                    note = f"LoRA r16, SFTConfig defaults: batch {r['batch_size']}, " \
-                           f"gradient_checkpointing={r['gradient_checkpointing']}, packing={r['packing']}"
-                tps = timer.tokens_per_s()
-                # share of completion tokens in the data, for pg's head FLOPs
-                share = args.completion_tokens / (args.completion_tokens + args.prompt_tokens + 20)
-                head = share if run == "pg" else 1.0
-                mean_len = args.completion_tokens + args.prompt_tokens
-                f_tok = flops(body, d, L, V, 1, head, mean_len, lora=True)
-                mfu = tps * f_tok / (args.peak_tflops * 1e12) if gpu else float("nan")
-                results[run] = tps
-                peak = f"{r['peak'] / 2**30:.1f} GiB" if r["peak"] else "n/a"
-                mfu_s = f"{mfu * 100:.1f}%" if mfu == mfu else "n/a"
-                print(f"  {('nightshift ' + run) if run != 'trl' else 'trl sft default':16} {tps:>10,.0f} {mfu_s:>7} "
-                      f"{peak:>10} {timer.steps:>6}  {note}")
-            if "trl" in results:
-                for run in ("pg", "sft"):
-                    if run in results:
-                        ratio = results[run] / results["trl"]
-                        target = " (target >= 1.3x: " + ("met" if ratio >= 1.3 else "NOT met") + ")" if run == "pg" and gpu else ""
-                        print(f"  nightshift {run} / trl defaults, tokens/s: {ratio:.2f}x{target}")
-            if not gpu:
-                print("  (CPU, tiny model: these figures check that every run works; the targets are for one H200)")
+            print("\n".join(measure_model(shape, data, root, args, gpu)), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
