@@ -285,16 +285,36 @@ def _publish_full(client, checkpoint, local: Path, manifest, ckpts, endpoint, ba
 
 
 def rollback(checkpoints: str, vllm_url: str, *, name: str = "policy", **kw) -> PublishResult:
-    """Publish again the newest version older than the one serving."""
+    """Publish again the newest version older than the one serving whose folder is
+    still in `checkpoints`: one deleted from disk is skipped (and logged), and when
+    every older one is gone it refuses, naming the missing folders, before touching
+    the server or the registry."""
     endpoint = vllm_url.rstrip("/")
     mine = [e for e in registry.read(checkpoints, kw.get("storage_options"))
             if e.get("endpoint") == endpoint and (e.get("name", "").startswith(f"{name}@") or e.get("mode") == "full")]
     if not mine:
         raise PublishError(f"nothing has been published to {endpoint} as {name!r} (see {checkpoints}/published.json)")
     now = mine[-1]["version"]
-    older = sorted({e["version"] for e in mine if int(e["version"][1:]) < int(now[1:])}, key=lambda v: int(v[1:]))
+
+    def number(v) -> int:  # -1 for what is not vNNNN: never a target
+        m = re.fullmatch(r"v(\d+)", str(v))
+        return int(m.group(1)) if m else -1
+
+    older = sorted({e["version"] for e in mine if 0 <= number(e["version"]) < number(now)}, key=number)
     if not older:
         raise PublishError(f"{now} is the oldest version published to {endpoint}: nothing to roll back to")
-    target = older[-1]
-    mode = next(e["mode"] for e in reversed(mine) if e["version"] == target)
-    return publish(f"{checkpoints.rstrip('/')}/{target}", vllm_url, name=name, rollback_of=now, mode=mode, **kw)
+    missing = []
+    for target in reversed(older):
+        folder = f"{checkpoints.rstrip('/')}/{target}"
+        try:
+            read_manifest(folder, kw.get("storage_options"))
+        except FileNotFoundError:
+            missing.append(folder)
+            continue
+        if missing:
+            log.warning("rollback of %s: skipping %s (deleted from disk) for %s", now, ", ".join(missing), target)
+        mode = next(e["mode"] for e in reversed(mine) if e["version"] == target)
+        return publish(folder, vllm_url, name=name, rollback_of=now, mode=mode, **kw)
+    raise PublishError(f"cannot roll back {now} on {endpoint}: every older version's folder has been deleted "
+                       f"({', '.join(missing)}: no {MANIFEST}); nothing was changed, {now} still serves. Restore one "
+                       "of them or publish another version")
