@@ -1,6 +1,7 @@
 """The nightly report: what each stage did, the gate's numbers, and a plot across
 runs (the reward the agents earned per day, the held-out score of each candidate
-against what was serving), as Markdown beside a PNG a person can glance at.
+against what was serving, and production's reward by served version), as Markdown
+beside a PNG a person can glance at.
 """
 
 from __future__ import annotations
@@ -25,7 +26,120 @@ def _daily_reward(data: str) -> list[tuple[str, float, int]]:
     return [(str(r["date"]), float(r["mean"]), int(r["n"])) for r in df.iter_rows(named=True)]
 
 
-def plot(history: list[dict], data: str, path: Path) -> Path:
+def _versions(data: str, checkpoints: str | None = None):
+    """`publish.versions.by_version` (publish order and registry facts when `checkpoints`
+    is given), or None when there are no transitions yet."""
+    try:
+        from nightshift.publish.versions import by_version
+
+        return by_version(data, checkpoints=checkpoints)
+    except Exception:  # noqa: BLE001 - no transitions yet: the plot and the section say so
+        return None
+
+
+def rolled_back(checkpoints: str | None) -> dict[str, str]:
+    """Versions rolled back, and by what: the watch's decisions in `gate-log.jsonl`
+    (`kind: watch` with `rolled_back_to`), and any other rollback `published.json`
+    records (`rollback_of`, e.g. a manual `nightshift rollback`)."""
+    out: dict[str, str] = {}
+    if not checkpoints:
+        return out
+    try:
+        from nightshift.publish import registry
+
+        for e in registry.read(checkpoints):
+            if e.get("rollback_of"):
+                out[str(e["rollback_of"])] = f"rolled back to {e.get('version')}"
+    except (OSError, ValueError):
+        pass
+    log = Path(checkpoints) / "gate-log.jsonl"
+    if log.exists():
+        for line in log.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(e, dict) and e.get("kind") == "watch" and e.get("rolled_back_to"):
+                p = e.get("p_value")
+                out[str(e.get("candidate"))] = "watch" + (f", p {p:.2g}" if isinstance(p, (int, float)) else "")
+    return out
+
+
+def _plot_versions(ax, stats, rolled: dict[str, str]) -> None:
+    """Mean reward per served version (publish order) with its 95 % interval; per agent
+    when there are several; hollow and without a bar below the trajectories an interval
+    needs; the predecessor over the same hours of the week in grey when traffic has a
+    weekly shape; rolled-back versions shaded red."""
+    from matplotlib.lines import Line2D
+
+    from nightshift.publish.versions import ALL, MIN_TRAJECTORIES
+
+    rows = [s for s in (stats or []) if s.agent == ALL]
+    if not rows:
+        ax.text(0.5, 0.5, "no calls by any version yet", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title("production reward by served version")
+        return
+    by = {(s.version, s.agent): s for s in stats}
+    agents = sorted({s.agent for s in stats if s.agent != ALL})
+    series = [ALL] + (agents if len(agents) > 1 else [])
+    matched = any(s.matched is not None and s.matched.mean is not None for s in rows)
+    slots = (["matched"] if matched else []) + series
+    step = min(0.7 / len(slots), 0.25)
+    off = {k: (i - (len(slots) - 1) / 2) * step for i, k in enumerate(slots)}
+    colors = {ALL: "black", **{a: f"C{i % 10}" for i, a in enumerate(agents)}}
+    handles = []
+
+    def point(x, s, color, marker="o", size=6):
+        if s is None or s.mean is None:
+            return
+        if s.low is None:  # too few rated trajectories: a hollow marker, no bar
+            ax.plot([x], [s.mean], marker=marker, markersize=size, markerfacecolor="white", markeredgecolor=color,
+                    linestyle="none")
+        else:
+            ax.errorbar([x], [s.mean], yerr=[[s.mean - s.low], [s.high - s.mean]], fmt=marker, color=color,
+                        markersize=size, capsize=3, elinewidth=1.2)
+
+    for i, r in enumerate(rows):
+        for a in series:
+            point(i + off[a], by.get((r.version, a)), colors[a])
+        if matched:
+            point(i + off["matched"], r.matched, "grey", marker="D", size=4)
+        if r.version in rolled:
+            ax.axvspan(i - 0.45, i + 0.45, color="tab:red", alpha=0.10, linewidth=0)
+    labels = []
+    for r in rows:
+        label = f"{r.label}\n{r.rated:,} rated"
+        if r.version in rolled:
+            label += "\nrolled back"
+        elif any(t.startswith(("unknown", "malformed")) for t in r.tags):
+            label += "\n(unknown)"
+        labels.append(label)
+    ax.set_xticks(range(len(rows)), labels, fontsize=8, rotation=30 if len(rows) > 8 else 0)
+    for tick, r in zip(ax.get_xticklabels(), rows):
+        if r.version in rolled:
+            tick.set_color("tab:red")
+        elif any(t.startswith(("unknown", "malformed")) for t in r.tags):
+            tick.set_color("grey")
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    binary = all(s.binary for s in rows if s.mean is not None)
+    ax.set_ylabel("success rate" if binary else "mean reward")
+    handles += [Line2D([], [], color=colors[a], marker="o", linestyle="none",
+                       label="all agents" if a == ALL else a) for a in series]
+    if matched:
+        handles.append(Line2D([], [], color="grey", marker="D", markersize=4, linestyle="none",
+                              label="version before, same hours of the week"))
+    if any(s.too_few for s in stats):
+        handles.append(Line2D([], [], color="black", marker="o", markerfacecolor="white", linestyle="none",
+                              label=f"too few rated (< {MIN_TRAJECTORIES}): no interval"))
+    ax.legend(handles=handles, fontsize=7, loc="best")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title("production reward by served version, in publish order (95 % interval)")
+
+
+def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None = None, versions=None) -> Path:
+    """The PNG: reward per day, held-out score per run, reward by version. `versions`:
+    `by_version(...)` already computed (else read here, with `checkpoints`' registry
+    when given); `checkpoints` also says which versions were rolled back."""
     import logging
 
     import matplotlib
@@ -34,7 +148,8 @@ def plot(history: list[dict], data: str, path: Path) -> Path:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), constrained_layout=True)
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(9, 10), constrained_layout=True,
+                                        gridspec_kw={"height_ratios": [1, 1, 1.2]})
     days = _daily_reward(data)
     if days:
         ax1.plot([d for d, _, _ in days], [m for _, m, _ in days], marker="o", color="tab:green")
@@ -60,6 +175,7 @@ def plot(history: list[dict], data: str, path: Path) -> Path:
     else:
         ax2.text(0.5, 0.5, "no gated candidates yet", ha="center", va="center", transform=ax2.transAxes)
     ax2.set_title("held-out score per nightly run (higher is better for adv_weighted_logp)")
+    _plot_versions(ax3, versions if versions is not None else _versions(data, checkpoints), rolled_back(checkpoints))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -80,7 +196,7 @@ def markdown(run: dict, history: list[dict], png_name: str) -> str:
             fmt = (lambda v: f"{v:.4f}" if isinstance(v, float) else str(v))
             lines.append(f"| {k} | {fmt(c) if c is not None else '-'} | {fmt(p) if p is not None else '-'} |")
         lines.append("")
-    lines += [f"![reward and held-out score across runs]({png_name})", "", "## Recent runs", "",
+    lines += [f"![reward per day, held-out score across runs, reward by version]({png_name})", "", "## Recent runs", "",
               "| run | outcome | version | candidate | serving before |", "|---|---|---|---|---|"]
     for h in history[-14:]:
         c, p = h.get("candidate_metric"), h.get("published_metric")
@@ -100,22 +216,31 @@ def history_entry(run: dict) -> dict:
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-def versions_lines(data: str) -> list[str]:
-    """The production reward of each version (publish/versions.py), for the report."""
-    try:
-        from nightshift.publish.versions import by_version, lines
+def versions_lines(data: str, checkpoints: str | None = None) -> list[str]:
+    """The production reward of each version (publish/versions.py), for the report;
+    with `checkpoints`, in publish order, with unknown and deleted versions said."""
+    from nightshift.publish.versions import lines
 
-        return lines(by_version(data))
-    except Exception:  # noqa: BLE001 - no transitions yet
-        return []
+    stats = _versions(data, checkpoints)
+    return lines(stats) if stats else []
 
 
-def write(run: dict, history: list[dict], data: str, out_dir: str | Path) -> tuple[Path, Path]:
-    """`<out_dir>/<run>.md` and `.png`, and `latest.md`/`latest.png` beside them."""
+def write(run: dict, history: list[dict], data: str, out_dir: str | Path, *,
+          checkpoints: str | None = None) -> tuple[Path, Path]:
+    """`<out_dir>/<run>.md` and `.png`, and `latest.md`/`latest.png` beside them.
+    `checkpoints`: the folder of `published.json` and `gate-log.jsonl`, for the
+    versions' publish order, serving times and rollbacks (without it, version order
+    and no rollback marks). The "Reward by version" section is read afresh here;
+    `run["versions"]` is its fallback."""
+    from nightshift.publish.versions import lines
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = run["run_id"].replace(":", "").replace("+", "")
-    png = plot(history, data, out / f"{stem}.png")
+    stats = _versions(data, checkpoints)
+    if stats:
+        run = {**run, "versions": lines(stats)}
+    png = plot(history, data, out / f"{stem}.png", checkpoints=checkpoints, versions=stats)
     md = out / f"{stem}.md"
     md.write_text(markdown(run, history, png.name))
     shutil.copyfile(png, out / "latest.png")

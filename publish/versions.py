@@ -157,7 +157,9 @@ class VersionStats:
         left += [f"{self.nonfinite:,} with a NaN/inf reward"] if self.nonfinite else []
         if left:
             out.append(pad + "left out of the mean: " + ", ".join(left) + " (trajectories)")
-        if self.matched is not None:
+        if self.matched is not None and not self.matched.trajectories:
+            out.append(f"{pad}{self.matched.label} served none of these hours of the week: no matched comparison")
+        elif self.matched is not None:
             m = self.matched
             out.append(f"{pad}{m.label} over the same hours of the week: {m.trajectories:,} trajs, {m.rated:,} rated   "
                        + m.figure(min_trajectories))
@@ -259,12 +261,12 @@ def _hour_of_week(col: str) -> pl.Expr:
 
 
 def week_hours(since: dt.datetime, until: dt.datetime) -> set[int]:
-    """The hours of the week (0: Monday 00:00 UTC) an interval touches."""
+    """The hours of the week (0: Monday 00:00 UTC) that [since, until) touches (at least since's)."""
     if until - since >= dt.timedelta(days=7):
         return set(range(WEEK_HOURS))
     t = since.astimezone(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
-    out = set()
-    while t <= until and len(out) < WEEK_HOURS:
+    out = {t.weekday() * 24 + t.hour}
+    while t < until and len(out) < WEEK_HOURS:
         out.add(t.weekday() * 24 + t.hour)
         t += dt.timedelta(hours=1)
     return out
@@ -290,7 +292,7 @@ class _Publications:
     order: list[str]
     intervals: dict[str, list[tuple[dt.datetime, dt.datetime | None]]]
     before: dict[str, str]
-    rolled_back: dict[str, str]  # version -> when
+    rolled_back: dict[str, str]  # version -> "to v0002 at 2026-11-22T00:00"
 
     @classmethod
     def read(cls, entries: list[dict]) -> _Publications:
@@ -311,7 +313,7 @@ class _Publications:
                 before[v] = next((p["version"] for p in reversed(past) if p.get("version") != v), BASE)
             past.append(e)
             if e.get("rollback_of"):
-                rolled[str(e["rollback_of"])] = str(e.get("time") or "")
+                rolled[str(e["rollback_of"])] = f"to {v} at {str(e.get('time') or '?')[:16]}"
         for past in lanes.values():
             for e, nxt in zip(past, past[1:] + [None]):
                 start = _time(e.get("time"))
@@ -383,14 +385,14 @@ def by_version(data: str, since: str = "", min_trajectories: int = MIN_TRAJECTOR
             ivs = pubs.intervals[v]
             last_call = trimmed.get(v, (None, None))[1]
             hours: set[int] = set()
-            for a, b in ivs:
-                hours |= week_hours(a, b or max(a, last_call or a))
+            for a, b in ivs:  # an open interval: to its last call (the hour of that call included)
+                hours |= week_hours(a, b or max(a, last_call or a) + dt.timedelta(microseconds=1))
             ends = [b for _, b in ivs]
             served[v] = Served(min(a for a, _ in ivs), None if None in ends else max(ends), "published.json",
                                frozenset(hours))
         elif v in trimmed:
             a, b = trimmed[v]
-            served[v] = Served(a, b, "calls", frozenset(week_hours(a, b)))
+            served[v] = Served(a, b, "calls", frozenset(week_hours(a, b + dt.timedelta(microseconds=1))))
     before = {v: (pubs.before.get(v, BASE) if pubs else (known[i - 1] if i else BASE)) for i, v in enumerate(known)}
 
     shape = weekly_shape(trajs)
@@ -410,7 +412,7 @@ def by_version(data: str, since: str = "", min_trajectories: int = MIN_TRAJECTOR
         if v in deleted:
             out.append(f"folder deleted: {checkpoints.rstrip('/')}/{v} is gone (figures from the transitions)")
         if pubs and v in pubs.rolled_back:
-            out.append(f"rolled back {pubs.rolled_back[v][:16]}")
+            out.append(f"rolled back {pubs.rolled_back[v]}")
         return out
 
     def matched(v: str, agent: str | None) -> VersionStats | None:

@@ -175,7 +175,7 @@ def test_a_version_deleted_from_disk_is_still_reported(tmp_path):
     v2 = s[("v0002", ALL)]
     assert (v2.calls, v2.rated, v2.mean) == (60, 30, 0.0)
     assert v2.tags[0] == f"folder deleted: {ck}/v0002 is gone (figures from the transitions)"
-    assert v2.tags[1].startswith("rolled back 2026-11-03T02:00")
+    assert v2.tags[1] == "rolled back to v0001 at 2026-11-03T02:00"
     assert v2.served.since == t2 and v2.served.until == t2 + dt.timedelta(hours=2)
     assert not s[("v0001", ALL)].tags and s[("v0001", ALL)].served.until is None
 
@@ -275,3 +275,46 @@ def test_the_versions_command_prints_it(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("weekly shape: yes") and "v0001 over the same hours of the week" in p.stdout
     assert "malformed version name 'v2-rc'" in p.stdout
+
+
+# -- the nightly report's panel ------------------------------------------------------------
+
+def test_the_report_plots_reward_by_version_marking_rollbacks_and_too_few(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nightshift.nightly import report
+
+    rows = []
+    for i in range(40):
+        rows += _traj("v0001", float(i % 4 != 0), MON + dt.timedelta(minutes=i), f"a{i}")
+        rows += _traj("v0002", float(i % 4 == 0), MON + dt.timedelta(days=1, minutes=i), f"b{i}")
+    for i in range(5):
+        rows += _traj("v0003", 1.0, MON + dt.timedelta(days=2, minutes=i), f"c{i}")
+    write(tmp_path / "data", rows)
+    ck = tmp_path / "ck"
+    t = [MON + dt.timedelta(days=d) for d in (0, 1, 2)]
+    _registry(ck, ("v0001", t[0]), ("v0002", t[1]), ("v0003", t[2]))
+    (ck / "gate-log.jsonl").write_text(json.dumps({"kind": "gate", "candidate": "v0003"}) + "\n" + json.dumps(
+        {"kind": "watch", "candidate": "v0002", "baseline": "v0001", "decision": "worse", "p_value": 0.003,
+         "rolled_back_to": "v0001"}) + "\n")
+    assert report.rolled_back(str(ck)) == {"v0002": "watch, p 0.003"}
+    stats = by_version(str(tmp_path / "data"), checkpoints=str(ck))
+    fig, ax = plt.subplots()
+    report._plot_versions(ax, stats, report.rolled_back(str(ck)))
+    ticks = [x.get_text() for x in ax.get_xticklabels()]
+    assert ticks == ["v0001\n40 rated", "v0002\n40 rated\nrolled back", "v0003\n5 rated"]
+    assert ax.get_xticklabels()[1].get_color() == "tab:red"
+    assert len(ax.containers) == 2  # error bars for v0001 and v0002 only
+    hollow = [ln for ln in ax.lines if ln.get_markerfacecolor() == "white" and ln.get_xdata().size]
+    assert len(hollow) == 1 and hollow[0].get_xdata()[0] == pytest.approx(2)  # v0003: too few, no bar
+    plt.close(fig)
+    md, png = report.write({"run_id": "2026-11-05T02:15:00+00:00", "outcome": "x"}, [], str(tmp_path / "data"),
+                           tmp_path / "reports", checkpoints=str(ck))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## Reward by version" in md.read_text() and "served 2026-11-03 00:00 - 2026-11-04 00:00" in md.read_text()
+    # no transitions yet: the panel says so, nothing raises
+    empty, _ = report.write({"run_id": "r0", "outcome": "x"}, [], str(tmp_path / "none"), tmp_path / "r0")
+    assert "## Reward by version" not in empty.read_text()
