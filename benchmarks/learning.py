@@ -30,25 +30,27 @@ targets as met / NOT met.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples" / "agent_world"))
+sys.path.insert(0, str(HERE))
 
 import evaluate  # noqa: E402
+import harness  # noqa: E402
 import loop  # noqa: E402
 import policy  # noqa: E402
+from harness import Target, log, verdict  # noqa: E402
 
 #: Per algorithm: train settings, chosen once on this world and used for every seed and night.
 SETTINGS = {
@@ -57,9 +59,8 @@ SETTINGS = {
     "pg": {"learning_rate": 5e-3, "epochs": 6},
 }
 
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+#: Success after night 1 against the behaviour policy, in points.
+T_GAIN = Target(">=", 30, "+30")
 
 
 def mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -93,8 +94,8 @@ def nightly(cfg: Path, logs: Path) -> dict:
             "checker_result": command.get("result")}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    ap = harness.parser(__doc__)
     ap.add_argument("--nights", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--episodes", type=int, default=200, help="episodes logged per lineage per night")
@@ -103,7 +104,35 @@ def main() -> int:
     ap.add_argument("--check-episodes", type=int, default=100,
                     help="fresh tasks the world's checker plays per candidate as the gate's command (0: offline checks only)")
     ap.add_argument("--keep", default="", help="keep the work folder here")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+@dataclass
+class World:
+    """The agent world as the nights use it: the behaviour policy, the agent's
+    Python, one model server for every lineage, an in-process engine for scoring."""
+
+    model: Path
+    python: Path
+    root: Path
+    logs: Path
+    server: loop.Service
+    engine: object
+    started: float  # time.time() when the server started: the run's seconds count from here
+
+
+@dataclass
+class Nights:
+    """What the nights measured."""
+
+    logged: float = 0.0  # success while logging night 1
+    behaviour: dict[int, list[float]] = field(default_factory=dict)  # night -> per seed
+    success: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (alg, night) -> per seed
+    serving_score: dict[tuple[str, int], float] = field(default_factory=dict)  # (alg, seed) -> what serves now, scored
+    decisions: list[dict] = field(default_factory=list)
+
+
+def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int]) -> World:
     from nightshift.serve.engine import Engine
 
     cache = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
@@ -115,73 +144,93 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
-    algorithms = args.algorithms.split(",")
-    seeds = list(range(args.seeds))
-    t0 = time.time()
+    started = time.time()
     server = loop.start_server(model, "world-policy", logs, max_loras=4 * len(algorithms) * len(seeds) + 4)
-    engine = Engine(str(model), "world-policy")
-    success: dict[tuple[str, int], list[float]] = {}  # (alg, night) -> per seed
-    serving_score: dict[tuple[str, int], float] = {}  # (alg, seed) -> what serves now, scored
-    decisions: list[dict] = []
+    return World(model, python, root, logs, server, Engine(str(model), "world-policy"), started)
+
+
+def first_night_logs(w: World, args: argparse.Namespace) -> tuple[Path, float]:
+    """Night 1's logs, shared by every lineage: the behaviour policy through a collector."""
+    log(f"night 1 logs: {args.episodes} episodes of the behaviour policy through a collector")
+    first = w.root / "night1-logs"
+    collector = loop.start_collector(first, w.logs)
     try:
-        log(f"night 1 logs: {args.episodes} episodes of the behaviour policy through a collector")
-        first = root / "night1-logs"
-        collector = loop.start_collector(first, logs)
+        results = loop.run_agent(w.python, collector, w.server, "world-policy", args.episodes, seed=1, logs=w.logs)
+        loop.post_feedback(collector, results)
+    finally:
+        collector.stop()
+    return first, loop.success(results)
+
+
+def lineage_night(w: World, args: argparse.Namespace, n: Nights, first: Path, night: int, alg: str, s: int) -> None:
+    """One night of one lineage: its logs (from night 2 on, its own agent's), the
+    nightly job, the candidate scored whatever the gate said."""
+    name = f"{alg}-s{s}"
+    data = w.root / name
+    if night == 1:
+        for part in ("spans", "logs", "feedback"):
+            if (first / part).exists():
+                shutil.copytree(first / part, data / part)
+    else:
+        published = (data / "checkpoints" / "published.json").exists()
+        collector = loop.start_collector(data, w.logs)
         try:
-            results = loop.run_agent(python, collector, server, "world-policy", args.episodes, seed=1, logs=logs)
-            loop.post_feedback(collector, results)
+            res = loop.run_agent(w.python, collector, w.server, name if published else "world-policy",
+                                 args.episodes, seed=100 * night + s, logs=w.logs)
+            loop.post_feedback(collector, res)
         finally:
             collector.stop()
-        logged = loop.success(results)
-        behaviour = {}
-        for night in range(1, args.nights + 1):
-            behaviour[night] = [evaluate.score(str(model), None, args.eval_episodes, seed=1000 * night + s,
-                                               engine=engine).rate for s in seeds]
+    cfg = loop.nightly_config(data / "nightly.yaml", data, w.model, data / "checkpoints", w.server, name=name,
+                              nightly={"train_window_days": 3650}, seed=s,
+                              checker_episodes=args.check_episodes,
+                              **{**SETTINGS[alg], "algorithm": alg})
+    # what serves before tonight, on tonight's episodes (scored before the nightly can move it)
+    before = n.serving_score[(alg, s)] if night == 1 else evaluate.score(
+        str(w.model), _serving_path(data), args.eval_episodes, seed=1000 * night + s, engine=w.engine).rate
+    log(f"night {night}: {name}: nightshift nightly")
+    d = nightly(cfg, w.logs)
+    rate = float("nan")
+    if d["version"]:
+        rate = evaluate.score(str(w.model), str(data / "checkpoints" / d["version"]), args.eval_episodes,
+                              seed=1000 * night + s, engine=w.engine).rate
+    d.update(night=night, alg=alg, seed=s, candidate=rate, before=before)
+    n.decisions.append(d)
+    log(f"  gate {d['gate']}: candidate {100 * rate:.1f} % vs serving {100 * before:.1f} %")
+    n.serving_score[(alg, s)] = rate if d["gate"] == "PASSED" else before
+    n.success.setdefault((alg, night), []).append(n.serving_score[(alg, s)])
+    n.success.setdefault((alg + " (candidates)", night), []).append(rate)
+
+
+def run_nights(w: World, args: argparse.Namespace, algorithms: list[str], seeds: list[int]) -> Nights:
+    n = Nights()
+    first, n.logged = first_night_logs(w, args)
+    for night in range(1, args.nights + 1):
+        n.behaviour[night] = [evaluate.score(str(w.model), None, args.eval_episodes, seed=1000 * night + s,
+                                             engine=w.engine).rate for s in seeds]
+    for alg in algorithms:
+        for s in seeds:
+            n.serving_score[(alg, s)] = n.behaviour[1][s]
+    for night in range(1, args.nights + 1):
         for alg in algorithms:
             for s in seeds:
-                serving_score[(alg, s)] = behaviour[1][s]
-        for night in range(1, args.nights + 1):
-            for alg in algorithms:
-                for s in seeds:
-                    name = f"{alg}-s{s}"
-                    data = root / name
-                    if night == 1:
-                        for part in ("spans", "logs", "feedback"):
-                            if (first / part).exists():
-                                shutil.copytree(first / part, data / part)
-                    else:
-                        published = (data / "checkpoints" / "published.json").exists()
-                        collector = loop.start_collector(data, logs)
-                        try:
-                            res = loop.run_agent(python, collector, server, name if published else "world-policy",
-                                                 args.episodes, seed=100 * night + s, logs=logs)
-                            loop.post_feedback(collector, res)
-                        finally:
-                            collector.stop()
-                    cfg = loop.nightly_config(data / "nightly.yaml", data, model, data / "checkpoints", server, name=name,
-                                              nightly={"train_window_days": 3650}, seed=s,
-                                              checker_episodes=args.check_episodes,
-                                              **{**SETTINGS[alg], "algorithm": alg})
-                    # what serves before tonight, on tonight's episodes (scored before the nightly can move it)
-                    before = serving_score[(alg, s)] if night == 1 else evaluate.score(
-                        str(model), _serving_path(data), args.eval_episodes, seed=1000 * night + s, engine=engine).rate
-                    log(f"night {night}: {name}: nightshift nightly")
-                    d = nightly(cfg, logs)
-                    rate = float("nan")
-                    if d["version"]:
-                        rate = evaluate.score(str(model), str(data / "checkpoints" / d["version"]), args.eval_episodes,
-                                              seed=1000 * night + s, engine=engine).rate
-                    d.update(night=night, alg=alg, seed=s, candidate=rate, before=before)
-                    decisions.append(d)
-                    log(f"  gate {d['gate']}: candidate {100 * rate:.1f} % vs serving {100 * before:.1f} %")
-                    serving_score[(alg, s)] = rate if d["gate"] == "PASSED" else before
-                    success.setdefault((alg, night), []).append(serving_score[(alg, s)])
-                    success.setdefault((alg + " (candidates)", night), []).append(rate)
+                lineage_night(w, args, n, first, night, alg, s)
+    return n
+
+
+def main() -> int:
+    args = parse_args()
+    head = harness.header("nightshift learning benchmark (examples/agent_world), nights of `nightshift nightly` "
+                          "with its default gate", args)  # before anything runs: how busy the machine was
+    algorithms = args.algorithms.split(",")
+    seeds = list(range(args.seeds))
+    w = start_world(args, algorithms, seeds)
+    try:
+        n = run_nights(w, args, algorithms, seeds)
     finally:
-        server.stop()
-    report(args, algorithms, seeds, logged, behaviour, success, decisions, time.time() - t0)
+        w.server.stop()
+    print("\n".join(report(head, args, algorithms, seeds, n, time.time() - w.started)), flush=True)
     if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(w.root, ignore_errors=True)
     return 0
 
 
@@ -192,28 +241,23 @@ def _serving_path(data: Path) -> str | None:
     return json.loads(reg.read_text())["current"]["checkpoint"]
 
 
-def report(args, algorithms, seeds, logged, behaviour, success, decisions, seconds) -> None:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=HERE).stdout.strip()
-    except OSError:
-        commit = "?"
+def report(head: list[str], args: argparse.Namespace, algorithms: list[str], seeds: list[int], n: Nights,
+           seconds: float) -> list[str]:
     nights = range(1, args.nights + 1)
-    print("nightshift learning benchmark (examples/agent_world), nights of `nightshift nightly` with its default gate")
-    print(f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}, commit {commit}, "
-          f"{os.cpu_count()} CPUs, python {platform.python_version()}, {seconds:.0f} s")
-    print(f"logged: {args.episodes} episodes per lineage per night (night 1 shared: behaviour policy, "
-          f"{100 * logged:.1f} % success while logging); scored on {args.eval_episodes} fresh episodes, temperature 1, "
-          f"{len(seeds)} seeds")
-    print("success % of what serves after each night, mean ± sd over seeds (candidates the gate blocked in brackets)")
-    print(f"  {'':22}" + "".join(f"{'night ' + str(n):>16}" for n in nights))
-    print(f"  {'behaviour policy':22}" + "".join(f"{fmt(behaviour[n]):>16}" for n in nights))
+    behaviour, success, decisions = n.behaviour, n.success, n.decisions
+    out = [*head, f"time: {seconds:.0f} s"]
+    out.append(f"logged: {args.episodes} episodes per lineage per night (night 1 shared: behaviour policy, "
+               f"{100 * n.logged:.1f} % success while logging); scored on {args.eval_episodes} fresh episodes, "
+               f"temperature 1, {len(seeds)} seeds")
+    out.append("success % of what serves after each night, mean ± sd over seeds (candidates the gate blocked in brackets)")
+    rows = [("behaviour policy", *(fmt(behaviour[k]) for k in nights))]
     for alg in algorithms:
-        print(f"  {alg + ' (serving)':22}" + "".join(f"{fmt(success[(alg, n)]):>16}" for n in nights))
-        print(f"  {alg + ' (candidate)':22}" + "".join(f"{fmt(success[(alg + ' (candidates)', n)]):>16}" for n in nights))
+        rows.append((alg + " (serving)", *(fmt(success[(alg, k)]) for k in nights)))
+        rows.append((alg + " (candidate)", *(fmt(success[(alg + " (candidates)", k)]) for k in nights)))
+    out.extend(harness.table(rows, header=("", *(f"night {k}" for k in nights))))
     base_m, base_sd = mean_sd(behaviour[1])
-    print("gate decisions (better/worse: the candidate's success against what served before it, same episodes; "
-          "offline: the default gate's own checks; checker: the world's checker as gate.command; gate: both)")
+    out.append("gate decisions (better/worse: the candidate's success against what served before it, same episodes; "
+               "offline: the default gate's own checks; checker: the world's checker as gate.command; gate: both)")
     confs = {k: {(g, b): 0 for g in ("PASSED", "BLOCKED") for b in ("better", "worse")}
              for k in ("offline", "checker", "gate")}
     for d in decisions:
@@ -224,34 +268,32 @@ def report(args, algorithms, seeds, logged, behaviour, success, decisions, secon
         cr = d.get("checker_result") or {}
         checked = (f", checker {100 * cr['candidate_success']:.0f} vs {100 * cr['serving_success']:.0f} %"
                    if "candidate_success" in cr else "")
-        print(f"  night {d['night']} {d['alg']}-s{d['seed']}: gate {d['gate']:7} (offline {d['offline']}, checker "
-              f"{d.get('checker') or 'off'}) candidate {100 * d['candidate']:5.1f} % vs {100 * d['before']:5.1f} %{checked}")
+        out.append(f"  night {d['night']} {d['alg']}-s{d['seed']}: gate {d['gate']:7} (offline {d['offline']}, checker "
+                   f"{d.get('checker') or 'off'}) candidate {100 * d['candidate']:5.1f} % vs {100 * d['before']:5.1f} %{checked}")
     for k, conf in confs.items():
         if sum(conf.values()):
-            print(f"  confusion ({k}): passed-and-better {conf[('PASSED', 'better')]}, passed-and-worse "
-                  f"{conf[('PASSED', 'worse')]}, blocked-and-better {conf[('BLOCKED', 'better')]}, blocked-and-worse "
-                  f"{conf[('BLOCKED', 'worse')]}")
+            out.append(f"  confusion ({k}): passed-and-better {conf[('PASSED', 'better')]}, passed-and-worse "
+                       f"{conf[('PASSED', 'worse')]}, blocked-and-better {conf[('BLOCKED', 'better')]}, blocked-and-worse "
+                       f"{conf[('BLOCKED', 'worse')]}")
     conf = confs["offline"]
-    print("targets:")
+    out.append("targets:")
     spread = max(base_sd, 0.0)
     for alg in algorithms:
         m1, _ = mean_sd(success[(alg, 1)])
         gain = 100 * (m1 - base_m)
-        drops = [mean_sd(success[(alg, n)])[0] - mean_sd(success[(alg, n - 1)])[0] for n in nights if n > 1]
-        holds = all(-d <= max(spread, max(mean_sd(success[(alg, n)])[1] for n in nights)) for d in drops)
-        print(f"  {alg}: +{gain:.1f} points after night 1 (>= +30: {'met' if gain >= 30 else 'NOT met'}); "
-              f"no night drops beyond the seed spread: {'met' if holds else 'NOT met'}"
-              + ("" if drops else " (one night only)"))
+        drops = [mean_sd(success[(alg, k)])[0] - mean_sd(success[(alg, k - 1)])[0] for k in nights if k > 1]
+        holds = all(-d <= max(spread, max(mean_sd(success[(alg, k)])[1] for k in nights)) for d in drops)
+        out.append(f"  {alg}: +{gain:.1f} points after night 1 ({T_GAIN.check(gain)}); "
+                   f"no night drops beyond the seed spread: {verdict(holds)}" + ("" if drops else " (one night only)"))
     if "pg" in algorithms and "sft" in algorithms:
         last = args.nights
         (pm, psd), (sm, ssd) = mean_sd(success[("pg", last)]), mean_sd(success[("sft", last)])
         beyond = pm - sm > max(psd, ssd)
-        print(f"  pg >= sft outside the seed spread (night {last}): {100 * pm:.1f} vs {100 * sm:.1f}: "
-              f"{'met' if beyond else 'NOT met'}")
-    print(f"  passed-and-worse = 0, the default gate's offline checks: {'met' if conf[('PASSED', 'worse')] == 0 else 'NOT met'}")
+        out.append(f"  pg >= sft outside the seed spread (night {last}): {100 * pm:.1f} vs {100 * sm:.1f}: {verdict(beyond)}")
+    out.append(f"  passed-and-worse = 0, the default gate's offline checks: {verdict(conf[('PASSED', 'worse')] == 0)}")
     if sum(confs["gate"].values()) and args.check_episodes:
-        print(f"  passed-and-worse = 0, with the world's checker: "
-              f"{'met' if confs['gate'][('PASSED', 'worse')] == 0 else 'NOT met'}")
+        out.append(f"  passed-and-worse = 0, with the world's checker: {verdict(confs['gate'][('PASSED', 'worse')] == 0)}")
+    return out
 
 
 if __name__ == "__main__":
