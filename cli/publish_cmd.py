@@ -66,6 +66,8 @@ def add_publish(sub, common) -> None:
                        "Late feedback counts once `nightshift build` has read it. A version with fewer rated "
                        "trajectories than --min-trajectories gets a count, not an interval.")
     common(v)
+    v.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder: publish order and times from its "
+                   "published.json, versions no publication names and versions deleted from disk said as such")
     v.add_argument("--since", metavar="YYYY-MM-DD", help="only calls from this date on")
     v.add_argument("--min-trajectories", type=int, default=30, metavar="N", help="rated trajectories for an interval (default 30)")
     v.set_defaults(func=cmd_versions)
@@ -118,7 +120,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     from nightshift.publish.versions import by_version, lines
 
     try:
-        stats = by_version(_data(args), args.since or "", args.min_trajectories)
+        stats = by_version(_data(args), args.since or "", args.min_trajectories, checkpoints=args.checkpoints)
     except (FileNotFoundError, OSError) as e:
         print(f"nightshift versions: no transitions under {_data(args)}: {e}", file=sys.stderr)
         return 1

@@ -284,8 +284,8 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 with open(hist_path, "a") as f:
                     f.write(json.dumps(entry) + "\n")
                 history.append(entry)
-            state["versions"] = report.versions_lines(transform_cfg.data)
-            md, png = report.write(state, history, transform_cfg.data, reports)
+            state["versions"] = report.versions_lines(transform_cfg.data, checkpoints=checkpoints)
+            md, png = report.write(state, history, transform_cfg.data, reports, checkpoints=checkpoints)
             state["report"] = str(md)
             state["plot"] = str(png)
             state["stage"] = "done"
