@@ -22,8 +22,9 @@ STAGES: dict[str, set[str]] = {
     "trainer": {"schemas", "settings", "storage"},
     "publish": {"schemas", "settings", "storage", "trainer"},
     "serve": {"schemas", "settings", "storage", "trainer"},
+    "route": {"schemas", "settings", "storage"},
     "nightly": {"schemas", "settings", "storage", "transform", "trainer", "publish"},
-    "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "serve", "nightly"},
+    "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "serve", "route", "nightly"},
 }
 
 

@@ -1,0 +1,163 @@
+"""`nightshift route`: the canary routing proxy in front of vLLM, and
+`nightshift route show|set|delete`, which change a running one's routes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nightshift.settings import SettingsError, add_flags, flags_of, load
+
+DESCRIPTION = """An OpenAI-compatible proxy in front of vLLM (off unless you start it). Agents point
+their base URL at it (OPENAI_BASE_URL=http://127.0.0.1:8100/v1) instead of at vLLM.
+A request for a stable name in the route table (`agent`) goes to its serving
+version or, for a share of conversations, its candidate: sticky per conversation
+(X-Nightshift-Route-Key header, else the traceparent's trace id, else the first
+system and user message), only the body's `model` rewritten, the answer streamed
+back unchanged with `X-Nightshift-Route: <version>`. Anything else passes through.
+A version the upstream does not have falls back to the serving one, with a
+warning and a metric.
+
+Control API (Bearer --admin-token when set), each change fsync'd before the 200:
+  GET    /nightshift/routes
+  PUT    /nightshift/routes/<stable name>  {"serving": "agent@v0003", "candidate": "agent@v0004", "share": 0.1}
+  DELETE /nightshift/routes/<stable name>
+plus GET /healthz and GET /metrics (Prometheus). SIGTERM lets answers in flight
+finish (--drain-timeout), then exits 0."""
+
+EPILOG = """Examples:
+  nightshift route --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100
+  nightshift route set agent --serving agent@v0003 --candidate agent@v0004 --share 0.1
+  nightshift route set agent --serving agent@v0004          # promote: all traffic to one version
+  nightshift route show
+  nightshift route delete agent"""
+
+
+def add_route(sub) -> None:
+    from nightshift.route.config import RouteConfig
+
+    p = sub.add_parser("route", help="the canary routing proxy in front of vLLM (and show/set/delete its routes)",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="YAML settings file (its `route:` section)")
+    add_flags(p, RouteConfig)
+    p.set_defaults(func=cmd_route)
+    acts = p.add_subparsers(dest="route_action", metavar="ACTION")
+
+    s = acts.add_parser("show", help="the routes of a running proxy, and the versions it found missing")
+    s.add_argument("name", nargs="?", help="one stable name (default: all)")
+    _control_flags(s)
+    s.set_defaults(func=cmd_show)
+
+    t = acts.add_parser("set", help="route a stable name: a serving version and, optionally, a candidate's share",
+                        description="Replace the route of a stable name on a running proxy (written to its state "
+                        "file before it answers). Without --candidate all traffic goes to --serving.")
+    t.add_argument("name", help="the stable name the agents ask for, e.g. agent")
+    t.add_argument("--serving", required=True, metavar="MODEL", help="the version serving, e.g. agent@v0003")
+    t.add_argument("--candidate", metavar="MODEL", help="the version on trial, e.g. agent@v0004")
+    t.add_argument("--share", type=float, default=0.0, help="the candidate's share of conversations, in [0, 1]")
+    _control_flags(t)
+    t.set_defaults(func=cmd_set)
+
+    d = acts.add_parser("delete", help="remove a route: requests for that name pass through untouched again")
+    d.add_argument("name", help="the stable name")
+    _control_flags(d)
+    d.set_defaults(func=cmd_delete)
+
+
+def _control_flags(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: given before the action (`nightshift route --config f show`), the route parser's value stays
+    p.add_argument("--url", default=argparse.SUPPRESS, metavar="URL",
+                   help="the proxy (default: http:// + its --listen address from the settings)")
+    p.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE", help="YAML settings file")
+    p.add_argument("--admin-token", dest="admin_token", default=argparse.SUPPRESS, metavar="TOKEN",
+                   help="the proxy's admin token (default: NIGHTSHIFT_ROUTE_ADMIN_TOKEN / route.admin_token)")
+
+
+def _settings(args: argparse.Namespace):
+    from nightshift.route.config import RouteConfig
+
+    cfg = load(RouteConfig, "route", getattr(args, "config", None), flags_of(RouteConfig, args))
+    cfg.check()
+    return cfg
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from .console import setup_logging
+
+    try:
+        cfg = _settings(args)
+    except SettingsError as e:
+        print(f"nightshift route: {e}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_level)
+    from nightshift.route.server import run
+
+    return run(cfg)
+
+
+def _client(args: argparse.Namespace):
+    from nightshift.route.client import RouteClient
+
+    cfg = _settings(args)
+    url = getattr(args, "url", None)
+    if not url:
+        host, port = cfg.host_port()
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return RouteClient(url, cfg.admin_token)
+
+
+def _line(r: dict) -> str:
+    if not r.get("candidate"):
+        return f"{r['name']}: all to {r['serving']}"
+    return f"{r['name']}: {r['serving']}, candidate {r['candidate']} at {100 * r['share']:g} %"
+
+
+def _control(args: argparse.Namespace, action) -> int:
+    from nightshift.route.client import RouteError
+
+    try:
+        for line in action(_client(args)):
+            print(line)
+    except SettingsError as e:
+        print(f"nightshift route: {e}", file=sys.stderr)
+        return 2
+    except RouteError as e:
+        print(f"nightshift route {args.route_action}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    def show(client):
+        doc = client.routes()
+        routes = [r for r in doc["routes"] if args.name in (None, r["name"])]
+        lines = [_line(r) for r in routes] or ["no routes: every request passes through to " + doc["upstream"]]
+        lines += [f"missing on the upstream (skipped for {s:g} s more): {v}" for v, s in doc["missing"].items()]
+        return lines
+
+    return _control(args, show)
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    return _control(args, lambda c: [_line(c.set(args.name, args.serving, args.candidate, args.share))])
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    def delete(client):
+        gone = client.delete(args.name)
+        return [f"deleted {_line(gone)}" if gone else f"no route for {args.name!r}: nothing to delete"]
+
+    return _control(args, delete)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m nightshift.cli.route_cmd route ...`: the same command outside `nightshift`."""
+    p = argparse.ArgumentParser(prog="nightshift")
+    add_route(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""`nightshift route`: a canary routing proxy in front of vLLM, off by default.
+
+Agents point their base URL at it instead of at vLLM (`OPENAI_BASE_URL=
+http://127.0.0.1:8100/v1`: configuration, not code). A request whose body's
+`model` is a stable name in the route table (`agent`) is sent to the route's
+serving version (`agent@v0003`) or its candidate (`agent@v0004`) by a weighted
+choice that is sticky per conversation (`choose.py`), with only the body's
+`model` rewritten; vLLM then answers with the versioned name, which the logged
+calls record as the version that made them. Everything else (`/v1/models`, the
+base model, a versioned name asked for directly, every other path) passes through
+untouched. Responses come back verbatim, streams chunk by chunk (`proxy.py`).
+
+Control API (`control.py`; `client.py` is its Python client), guarded by
+`Authorization: Bearer <route.admin_token>` when one is set:
+
+    GET    /nightshift/routes                 every route, the versions found missing, the upstream
+    PUT    /nightshift/routes/agent           {"serving": "agent@v0003", "candidate": "agent@v0004", "share": 0.1}
+    PUT    /nightshift/routes/agent           {"serving": "agent@v0004"}      promote: all traffic to one version
+    DELETE /nightshift/routes/agent           requests for `agent` pass through again
+
+A change is checked, written to the state file and fsync'd, and logged before
+the 200; the table is read back at start. For canary publishing, the nightly job
+publishes the candidate under its versioned name (beside the serving one), then
+PUTs the route with the share; the watch promotes (PUT serving = the candidate)
+or rolls back (PUT serving = the previous version, no candidate). Several proxies
+in front of one vLLM each keep their own table: PUT to each.
+
+Also on the proxy: `GET /healthz`, `GET /metrics` (Prometheus, `metrics.py`),
+one log line per decision. Modules: `config.py` (settings), `table.py`,
+`choose.py`, `proxy.py`, `control.py`, `client.py`, `metrics.py`, `server.py`.
+"""

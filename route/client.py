@@ -1,0 +1,68 @@
+"""A client of the control API, for the nightly job, the watch and
+`nightshift route set|show|delete`: standard library only, errors with the
+proxy's own message."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+
+
+class RouteError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RouteClient:
+    def __init__(self, url: str, token: str = "", timeout: float = 10.0) -> None:
+        self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.url + path, method=method, data=None if body is None else
+                                     json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                message = json.loads(raw)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = raw.decode(errors="replace") or str(e)
+            raise RouteError(e.code, message) from None
+        except OSError as e:
+            raise RouteError(0, f"cannot reach the routing proxy at {self.url}: {e}") from None
+
+    @staticmethod
+    def _path(name: str) -> str:
+        return "/nightshift/routes/" + urllib.parse.quote(name, safe="@")
+
+    def routes(self) -> dict:
+        """{"routes": [{"name", "serving", "candidate", "share", "updated"}], "missing": {...}, "upstream": url}"""
+        return self._call("GET", "/nightshift/routes")
+
+    def get(self, name: str) -> dict | None:
+        try:
+            return self._call("GET", self._path(name))["route"]
+        except RouteError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def set(self, name: str, serving: str, candidate: str | None = None, share: float = 0.0) -> dict:
+        """The route as stored (persisted before the proxy answered)."""
+        body = {"serving": serving, "candidate": candidate, "share": share}
+        return self._call("PUT", self._path(name), body)["route"]
+
+    def delete(self, name: str) -> dict | None:
+        try:
+            return self._call("DELETE", self._path(name))["deleted"]
+        except RouteError as e:
+            if e.status == 404:
+                return None
+            raise

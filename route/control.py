@@ -1,0 +1,112 @@
+"""The control API under /nightshift/: what the nightly job (or a person with
+curl) calls to move traffic. Each change is checked, written to the state file
+and fsync'd, then logged, and only then answered 200.
+
+    GET    /nightshift/routes          {"routes": [...], "missing": {version: seconds left}, "upstream": url}
+    GET    /nightshift/routes/<name>   {"route": {...}}                       404 when absent
+    PUT    /nightshift/routes/<name>   {"serving", "candidate", "share"}  ->  {"route": {...}, "previous": {...}|null}
+    DELETE /nightshift/routes/<name>   {"deleted": {...}}                     404 when absent
+
+Guarded by `Authorization: Bearer <admin_token>` when one is set (401 otherwise).
+Bad input is a 400 whose message names every problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+
+from aiohttp import web
+
+from .metrics import Metrics
+from .proxy import Proxy, error
+from .table import TableError, parse
+
+log = logging.getLogger("nightshift.route")
+
+PREFIX = "/nightshift/routes"
+
+
+def _json(obj, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(obj, indent=1).encode() + b"\n", content_type="application/json")
+
+
+class Control:
+    def __init__(self, proxy: Proxy, metrics: Metrics, token: str) -> None:
+        self.proxy, self.table, self.metrics = proxy, proxy.table, metrics
+        self.expected = f"Bearer {token}".encode() if token else b""
+        for name, r in self.table.routes.items():
+            self._gauge(name, None, r)
+
+    async def handle(self, request: web.BaseRequest) -> web.Response:
+        if self.expected and not hmac.compare_digest(request.headers.get("Authorization", "").encode(), self.expected):
+            return error(401, "Unauthorized", "the control API needs `Authorization: Bearer <admin token>` "
+                         "(route.admin_token)")
+        path = request.path
+        if path in (PREFIX, PREFIX + "/"):
+            if request.method != "GET":
+                return error(405, "MethodNotAllowed", f"{request.method} {path}: use GET (or PUT/DELETE on "
+                             f"{PREFIX}/<stable name>)")
+            return _json({"routes": self.table.public(), "missing": self.proxy.missing_now(),
+                          "upstream": self.proxy.base})
+        if not path.startswith(PREFIX + "/"):
+            return error(404, "NotFound", f"no such control path {path} (known: {PREFIX}, {PREFIX}/<stable name>)")
+        name = path[len(PREFIX) + 1:]
+        if request.method == "GET":
+            r = self.table.get(name)
+            return _json({"route": r.public(name)}) if r else error(404, "NotFound", f"no route for {name!r}")
+        if request.method == "PUT":
+            return await self._put(request, name)
+        if request.method == "DELETE":
+            return await self._delete(name)
+        return error(405, "MethodNotAllowed", f"{request.method} {path}: use GET, PUT or DELETE")
+
+    async def _put(self, request: web.BaseRequest, name: str) -> web.Response:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            return error(400, "BadRequestError", f"the body is not JSON ({e}); send {{\"serving\": \"agent@v0003\", "
+                         "\"candidate\": \"agent@v0004\", \"share\": 0.1}")
+        try:
+            route = parse(name, body)
+        except TableError as e:
+            return error(400, "BadRequestError", f"route {name!r}: {e}")
+        # a task of its own: a client that hangs up mid-change cannot leave it half done
+        return await asyncio.shield(asyncio.ensure_future(self._change(name, route)))
+
+    async def _change(self, name: str, route) -> web.Response:
+        try:
+            before = await asyncio.to_thread(self.table.put, name, route)
+        except OSError as e:
+            log.error("route %s: the change could not be written to %s (%s); nothing changed", name, self.table.path, e)
+            return error(500, "InternalServerError", f"cannot write the route table {self.table.path}: {e}")
+        self.proxy.forget_missing(route.serving, route.candidate)
+        self._gauge(name, before, route)
+        log.info("route %s: %s (was: %s)", name, route.describe(), before.describe() if before else "no route")
+        return _json({"route": route.public(name), "previous": before.public(name) if before else None})
+
+    async def _delete(self, name: str) -> web.Response:
+        if self.table.get(name) is None:
+            return error(404, "NotFound", f"no route for {name!r}")
+        return await asyncio.shield(asyncio.ensure_future(self._remove(name)))
+
+    async def _remove(self, name: str) -> web.Response:
+        try:
+            before = await asyncio.to_thread(self.table.delete, name)
+        except OSError as e:
+            log.error("route %s: the deletion could not be written to %s (%s); nothing changed", name, self.table.path, e)
+            return error(500, "InternalServerError", f"cannot write the route table {self.table.path}: {e}")
+        if before is None:
+            return error(404, "NotFound", f"no route for {name!r}")
+        self._gauge(name, before, None)
+        log.info("route %s: deleted (was: %s); requests for it now pass through untouched", name, before.describe())
+        return _json({"deleted": before.public(name)})
+
+    def _gauge(self, name: str, before, after) -> None:
+        if before is not None and before.candidate and (after is None or after.candidate != before.candidate):
+            self.metrics.share.labels(name, before.candidate).set(0)
+        if after is not None and after.candidate:
+            self.metrics.share.labels(name, after.candidate).set(after.share)

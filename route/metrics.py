@@ -1,0 +1,41 @@
+"""Prometheus metrics of one routing proxy, in their own registry (served at
+/metrics). Labels stay few: a route is a stable name in the table, `-` for a
+request passed through untouched."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("nightshift_route_requests", "Requests answered, by route, the version that answered "
+                                "and the upstream's status (502/504: the proxy's own, upstream unreachable or silent).",
+                                ["route", "version", "status"], registry=r)
+        self.decisions = Counter("nightshift_route_decisions", "Routing decisions, by route, version, arm (serving, "
+                                 "candidate) and what the sticky key was (header, trace, conversation, random).",
+                                 ["route", "version", "arm", "key"], registry=r)
+        self.fallbacks = Counter("nightshift_route_fallbacks", "Requests sent elsewhere because the upstream does not "
+                                 "have the version chosen (missing), by route, that version and the one used instead.",
+                                 ["route", "missing", "to"], registry=r)
+        self.upstream_errors = Counter("nightshift_route_upstream_errors", "Upstream failures, by kind: connect "
+                                       "(refused, unreachable: 502), timeout (silent past read_timeout), broken "
+                                       "(the connection dropped inside a response).", ["kind"], registry=r)
+        self.stream_aborts = Counter("nightshift_route_stream_aborts", "Streamed responses cut off before their end, "
+                                     "by who went away: upstream (the client's connection is aborted so it sees an "
+                                     "error, never a short answer) or client (the upstream request is closed).",
+                                     ["by"], registry=r)
+        self.overhead = Histogram("nightshift_route_overhead_seconds", "Time the proxy itself spent on a request "
+                                  "before the upstream had it and before the client had the upstream's headers.",
+                                  buckets=OVERHEAD_BUCKETS, registry=r)
+        self.inflight = Gauge("nightshift_route_requests_in_flight", "Requests being proxied.", registry=r)
+        self.share = Gauge("nightshift_route_candidate_share", "The candidate's share of conversations, by route and "
+                           "candidate (0 once a route has none).", ["route", "candidate"], registry=r)
+        self.missing = Gauge("nightshift_route_missing_versions", "Versions the upstream said it does not have, "
+                             "skipped for missing_ttl.", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
