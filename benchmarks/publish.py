@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -133,15 +131,12 @@ def main() -> int:
     head = harness.header("nightshift publishing benchmark", args)  # before anything runs: how busy the machine was
     from nightshift.trainer.tiny import save_tiny
 
-    root = Path(tempfile.mkdtemp(prefix="nightshift-bench-publish-"))
-    try:
+    with harness.temp_dir("nightshift-bench-publish-") as root:
         model = Path(args.model_dir) if args.model_dir else save_tiny(root / "tiny")
         with server(args, model) as url:
             paths = train_versions(root, model, args)
             rows = measure_publishes(paths, url)
         print("\n".join(report(head, args, url, model, rows)), flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -323,14 +321,11 @@ def main() -> int:
 
     gpu = torch.cuda.is_available()
     print("\n".join(header(args, gpu)), flush=True)
-    root = Path(tempfile.mkdtemp(prefix="nightshift-bench-train-"))
-    try:
+    with harness.temp_dir("nightshift-bench-train-") as root:
         data = root / "data"
         write_rows(data, args.rows, args.prompt_tokens, args.completion_tokens, args.seed)
         for shape in args.models.split(","):
             print("\n".join(measure_model(shape, data, root, args, gpu)), flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
