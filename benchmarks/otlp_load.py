@@ -277,7 +277,7 @@ def build_templates(count: int, n_spans: int, secret_fraction: float = 0.0) -> l
 
 
 # --------------------------------------------------------------------------------------
-# Senders (forked processes, one request in flight each)
+# Senders (processes, one request in flight each)
 # --------------------------------------------------------------------------------------
 
 OK, REFUSED, ERROR = 0, 1, 2
