@@ -72,21 +72,19 @@ def add_publish(sub, common) -> None:
     v.add_argument("--min-trajectories", type=int, default=30, metavar="N", help="rated trajectories for an interval (default 30)")
     v.set_defaults(func=cmd_versions)
 
-    w = sub.add_parser("watch", help="roll back the serving version when production says it is worse",
-                       description="Compare the serving version's production reward with the version before it, by "
-                       "an always-valid sequential test (mSPRT: safe to run after every build); when it is worse with "
-                       "confidence 1 - alpha, roll it back through the verified publish path and record the decision "
-                       "in <checkpoints>/gate-log.jsonl. Exit codes: 0 kept (or not yet decided), 3 rolled back, "
-                       "1 failed.")
+    w = sub.add_parser("watch", help="judge the serving version (or a canary) by production's rewards, and act",
+                       description=WATCH_DESC, formatter_class=argparse.RawDescriptionHelpFormatter)
     common(w)
     w.add_argument("--checkpoints", required=True, metavar="DIR", help="the checkpoints folder (its published.json)")
-    _publish_args(w)
-    w.add_argument("--alpha", type=float, default=0.01, help="false-alarm bound over every look (default 0.01)")
-    w.add_argument("--tau", type=float, default=0.1, help="mixture scale: the size of difference worth finding "
-                                                            "quickly, in reward units (default 0.1)")
-    w.add_argument("--min-trajectories", type=int, default=30, metavar="N",
-                   help="rated trajectories each version needs before any decision (default 30)")
-    w.add_argument("--dry-run", action="store_true", help="say what it would do; roll nothing back")
+    from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.publish import PublishSettings
+    from nightshift.settings import flag_names
+
+    watch_flags = tuple(flag_names(PublishSettings)) + tuple(
+        p for p in flag_names(NightlyConfig) if p.startswith("watch.") and p != "watch.enabled"
+        or p in ("canary.route_url", "canary.route_token", "canary.hours"))
+    add_flags(w, NightlyConfig, section="nightly", only=watch_flags)
+    w.add_argument("--dry-run", action="store_true", help="say what it would do; change nothing")
     w.set_defaults(func=cmd_watch)
 
     n = sub.add_parser("nightly", help="build, train, gate and publish: the scheduled job",
@@ -130,19 +128,39 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     from .console import setup_logging
+    from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import PublishError
     from nightshift.publish.vllm_client import VLLMError
     from nightshift.publish.watch import watch
+    from nightshift.route.client import RouteError
 
     setup_logging(args.log_level or "warning")
+    n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args))
     try:
-        verdict, out = watch(_data(args), args.checkpoints, _settings(args), alpha=args.alpha, tau=args.tau,
-                             min_trajectories=args.min_trajectories, act=not args.dry_run)
-    except (PublishError, VLLMError) as e:
+        verdict, out = watch(_data(args), args.checkpoints, n, n.watch, n.canary, act=not args.dry_run)
+    except (PublishError, VLLMError, RouteError) as e:
         print(f"nightshift watch: {e}", file=sys.stderr)
         return 1
     print("\n".join(out))
     return 3 if verdict is not None and verdict.decision == "worse" and not args.dry_run else 0
+
+
+WATCH_DESC = """Judge what production says of the versions it served, by an always-valid
+sequential test (mSPRT: safe to run after every build, its false-alarm bound holds
+over every look), and act:
+
+- a canary running (nightly.canary.share > 0): the candidate against the serving
+  version over the same hours; worse stops it (every conversation back on the
+  serving version, the candidate unloaded), better promotes it, and one that has
+  served --canary-hours with enough trajectories and a mean no more than --margin
+  below is promoted too;
+- otherwise the serving version against the one it replaced; worse rolls it back
+  through the verified publish path.
+
+Each decision goes to <checkpoints>/gate-log.jsonl. Settings as the nightly job's
+(the `nightly:` section of --config, NIGHTSHIFT_NIGHTLY_*, then these flags).
+Exit codes: 0 kept, promoted or not yet decided, 3 rolled back or canary stopped,
+1 failed."""
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nightshift.publish import registry
-from nightshift.settings import setting, validate
+from nightshift.settings import invalid, setting, validate
 from nightshift.trainer.checkpoint import is_local, read_manifest, versions
 from nightshift.trainer.config import TrainConfig
 from nightshift.publish.gate import GateSettings
+from nightshift.publish.canary import CanarySettings
 from nightshift.publish.publish import PublishSettings
+from nightshift.publish.watch import WatchSettings
 
 log = logging.getLogger("nightshift.nightly")
 
@@ -49,12 +51,6 @@ class NightlyConfig(PublishSettings):
     `name`, `stable_name`, `adapter_root`, `keep`, `mode`, ...; the base model for
     `mode: full` is `train.base_model`), and the job's own."""
 
-    watch: bool = setting(True, help="after each build, compare the serving version's production reward with the "
-                                     "version's before it (publish/watch.py: an always-valid sequential test) and "
-                                     "roll a worse one back before training starts from it")
-    watch_alpha: float = setting(0.01, help="the watch's false-alarm bound over every look", bounds="(0, 1)")
-    watch_min_trajectories: int = setting(30, help="rated trajectories each version needs before the watch decides",
-                                          bounds="[1, inf)")
     init_from_published: bool = setting(True, help="continue training the serving adapter rather than start from "
                                                    "the base")
     train_window_days: int = setting(0, help="0 trains on what arrived since the last run (less overlap_days, for "
@@ -66,6 +62,19 @@ class NightlyConfig(PublishSettings):
     state_dir: str = setting("", help="the run state and lock (default <train.output>/.nightly)", metavar="DIR")
     reports: str = setting("", help="where reports go (default <train.output>/reports)", metavar="DIR")
     gate: GateSettings = setting(factory=GateSettings, help="the gate")
+    watch: WatchSettings = setting(factory=WatchSettings, help="the production watch")
+    canary: CanarySettings = setting(factory=CanarySettings, help="canary publishing")
+
+    def rules(self) -> None:
+        if self.canary.share > 0:
+            if not self.canary.route_url:
+                raise invalid("canary.route_url", "canary.share > 0 needs the routing proxy's address (nightshift "
+                                                  "route), which the agents' base URL points at")
+            if not self.stable_name:
+                raise invalid("stable_name", "canary publishing needs a stable_name: the name the agents ask for, "
+                                             "which the proxy routes")
+            if self.keep < 2:
+                raise invalid("keep", "canary publishing keeps the serving version and the candidate loaded: keep >= 2")
 
     def check(self) -> None:
         validate(self, "nightly")
@@ -114,21 +123,22 @@ def _fault(stage: str) -> None:
 
 def _serving(checkpoints: str, n: NightlyConfig) -> dict | None:
     """The registry entry now serving this name on this endpoint."""
-    endpoint = n.vllm_url.rstrip("/")
-    for e in reversed(registry.read(checkpoints)):
-        if e.get("endpoint") == endpoint and (str(e.get("name", "")).startswith(f"{n.name}@") or e.get("mode") == "full"):
-            return e
-    return None
+    return registry.serving(registry.read(checkpoints), n.vllm_url, n.name)
+
+
+def _canary(checkpoints: str, n: NightlyConfig) -> dict | None:
+    """The canary running for this name on this endpoint, if one is."""
+    return registry.canary(registry.read(checkpoints), n.vllm_url, n.name)
 
 
 def _watch(data: str, checkpoints: str, n: NightlyConfig) -> list[str]:
     """The production watch, before training starts from what serves: a version
-    that turned out worse is rolled back first. Never stops the night: a failed
-    watch is reported and the version stays."""
+    that turned out worse is rolled back first, a canary stopped or promoted.
+    Never stops the night: a failed watch is reported and the version stays."""
     from nightshift.publish.watch import watch
 
     try:
-        _, out = watch(data, checkpoints, n, alpha=n.watch_alpha, min_trajectories=n.watch_min_trajectories)
+        _, out = watch(data, checkpoints, n, n.watch, n.canary)
     except Exception as e:  # noqa: BLE001 - the server down, a registry unreadable: said, not fatal
         log.warning("production watch failed: %s", e)
         return [f"watch failed: {e}"]
@@ -202,8 +212,14 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 state["build"] = [str(e)]
                 state["outcome"] = f"nothing to build: {e}"
                 next_stage = "report"
-            if n.watch and n.publish:
+            if n.watch.enabled and n.publish:
                 state["watch"] = _watch(transform_cfg.data, checkpoints, n)
+            trial = _canary(checkpoints, n) if n.publish else None
+            if trial is not None and next_stage == "train":
+                # one experiment at a time: a new candidate would be judged against a moving target
+                state["outcome"] = (f"canary {trial['version']} is still being judged (see the watch): no new "
+                                    "candidate tonight")
+                next_stage = "report"
             _fault("build")
             state["stage"] = next_stage
             _save(state_dir, state)
@@ -260,16 +276,22 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             _save(state_dir, state)
 
         if state["stage"] == "publish":
-            serving = _serving(checkpoints, n)
-            if serving and serving.get("version") == state["version"]:
+            serving, trial = _serving(checkpoints, n), _canary(checkpoints, n)
+            candidate = f"{checkpoints}/{state['version']}"
+            if (serving and serving.get("version") == state["version"]
+                    or trial and trial.get("version") == state["version"]):
                 log.warning("%s is already published (registry): not publishing again", state["version"])
                 state["publish_lines"] = [f"{state['version']} was already published before an interruption"]
+            elif n.canary.share > 0:
+                from nightshift.publish import canary
+
+                state["publish_lines"] = canary.start(candidate, checkpoints, n, n.canary, train_cfg.served_name())
             else:
-                result = publish(f"{checkpoints}/{state['version']}", n.vllm_url,
-                                 **{**n.kwargs(), "base_model": n.base_model or train_cfg.base_model})
+                result = publish(candidate, n.vllm_url, **{**n.kwargs(), "base_model": n.base_model or train_cfg.base_model})
                 state["publish_lines"] = result.lines()
             state["published"] = True
-            state["outcome"] = f"published {state['version']}"
+            state["outcome"] = (f"published {state['version']} as a canary ({100 * n.canary.share:.0f} % of "
+                                "conversations)" if n.canary.share > 0 else f"published {state['version']}")
             _fault("publish")
             state["stage"] = "report"
             _save(state_dir, state)

@@ -154,8 +154,13 @@ class PublishSettings:
 def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: str = "", stable_name: str = "",
             adapter_root: str = "", keep: int = 3, mode: str = "lora", max_lora_rank: int = 0, base_model: str = "",
             storage_options: dict | None = None, rollback_of: str = "", timeout: float = 30.0,
-            retries: int = 4) -> PublishResult:
+            retries: int = 4, canary: dict | None = None) -> PublishResult:
+    """`canary`: load the version under its versioned name only, beside what serves
+    (the stable name does not move), and register it as a canary with these
+    fields (publish/canary.py sends it its share of the traffic)."""
     t0 = time.perf_counter()
+    if canary is not None:
+        stable_name = ""
     client = VLLMClient(vllm_url, api_key, timeout=timeout, retries=retries)
     endpoint = vllm_url.rstrip("/")
     ckpts = checkpoints_of(checkpoint)
@@ -194,13 +199,19 @@ def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: st
         if missing:
             raise PublishError(f"the server accepted the load but GET /v1/models does not list {missing}")
         sample = client.chat(lora_name)["choices"][0]["message"].get("content") or ""
-        last = registry.current(ckpts, endpoint, None, storage_options)
-        serving_already = already and last is not None and last.get("name") == lora_name and last.get("path") == path
-        if not serving_already:  # publishing what is already loaded and registered changes nothing
+        entries = registry.read(ckpts, storage_options)
+        last = (registry.canary(entries, endpoint, name) if canary is not None
+                else registry.current(ckpts, endpoint, None, storage_options))
+        registered = already and last is not None and last.get("name") == lora_name and last.get("path") == path
+        if not registered:  # publishing what is already loaded and registered changes nothing
             registry.append(ckpts, {"version": version, "name": lora_name, "stable_name": stable_name or None,
                                     "path": path, "endpoint": endpoint, "mode": "lora", "checkpoint": checkpoint,
-                                    "rollback_of": rollback_of or None}, storage_options)
-        unloaded = _prune(client, name, keep, served - {lora_name})
+                                    "rollback_of": rollback_of or None,
+                                    **({"role": "canary", **canary} if canary is not None else {})}, storage_options)
+        keep_loaded = {lora_name}
+        if canary is not None:  # what serves beside the canary stays loaded, whatever `keep` says
+            keep_loaded.add(str((registry.serving(entries, endpoint, name) or {}).get("name")))
+        unloaded = _prune(client, name, keep, served - keep_loaded)
         return PublishResult(version, lora_name, path, endpoint, "lora", time.perf_counter() - t0, sample,
                              stable_name, already, unloaded, rollback_of, gap)
     finally:
@@ -286,12 +297,14 @@ def _publish_full(client, checkpoint, local: Path, manifest, ckpts, endpoint, ba
 
 def rollback(checkpoints: str, vllm_url: str, *, name: str = "policy", **kw) -> PublishResult:
     """Publish again the newest version older than the one serving whose folder is
-    still in `checkpoints`: one deleted from disk is skipped (and logged), and when
-    every older one is gone it refuses, naming the missing folders, before touching
-    the server or the registry."""
+    still in `checkpoints` and that production never judged worse (rolled back, or
+    a canary stopped: going back to it would undo that judgement): one deleted
+    from disk is skipped (and logged), and when every older one is gone it
+    refuses, naming the missing folders, before touching the server or the
+    registry. Canaries never count as having served."""
+    entries = registry.read(checkpoints, kw.get("storage_options"))
     endpoint = vllm_url.rstrip("/")
-    mine = [e for e in registry.read(checkpoints, kw.get("storage_options"))
-            if e.get("endpoint") == endpoint and (e.get("name", "").startswith(f"{name}@") or e.get("mode") == "full")]
+    mine = [e for e in registry.lane(entries, endpoint, name) if e.get("role") not in registry.CANARY_ROLES]
     if not mine:
         raise PublishError(f"nothing has been published to {endpoint} as {name!r} (see {checkpoints}/published.json)")
     now = mine[-1]["version"]
@@ -300,7 +313,12 @@ def rollback(checkpoints: str, vllm_url: str, *, name: str = "policy", **kw) -> 
         m = re.fullmatch(r"v(\d+)", str(v))
         return int(m.group(1)) if m else -1
 
+    worse = registry.judged_worse(entries, endpoint, name)
     older = sorted({e["version"] for e in mine if 0 <= number(e["version"]) < number(now)}, key=number)
+    if older and not set(older) - worse:
+        raise PublishError(f"cannot roll back {now} on {endpoint}: every older version was judged worse in production "
+                           f"({', '.join(older)}); nothing was changed. Publish another version")
+    older = [v for v in older if v not in worse]
     if not older:
         raise PublishError(f"{now} is the oldest version published to {endpoint}: nothing to roll back to")
     missing = []

@@ -292,7 +292,7 @@ class _Publications:
     order: list[str]
     intervals: dict[str, list[tuple[dt.datetime, dt.datetime | None]]]
     before: dict[str, str]
-    rolled_back: dict[str, str]  # version -> "to v0002 at 2026-11-22T00:00"
+    rolled_back: dict[str, str]  # version -> "rolled back to v0002 at 2026-11-22T00:00" / "canary stopped at ..."
 
     @classmethod
     def read(cls, entries: list[dict]) -> _Publications:
@@ -300,24 +300,33 @@ class _Publications:
         intervals: dict[str, list] = {}
         before: dict[str, str] = {}
         rolled: dict[str, str] = {}
-        lanes: dict[tuple, list[dict]] = {}  # one endpoint and adapter name: what served it, in order
+        # one endpoint and adapter name: what served it, in order; canaries (a share of the
+        # traffic beside what serves) on a lane of their own, ended by their canary_end
+        lanes: dict[tuple, list[dict]] = {}
         for e in entries:
             v = str(e.get("version") or "")
             if not v:
                 continue
-            if v not in order:
-                order.append(v)
-            lane = (e.get("endpoint"), str(e.get("name") or "").split("@")[0])
+            role = e.get("role")
+            is_canary = role in ("canary", "canary_end")
+            lane = (e.get("endpoint"), str(e.get("name") or "").split("@")[0], is_canary)
             past = lanes.setdefault(lane, [])
-            if v not in before:
-                before[v] = next((p["version"] for p in reversed(past) if p.get("version") != v), BASE)
+            if role != "canary_end":
+                if v not in order:
+                    order.append(v)
+                if v not in before:
+                    serving = lanes.get(lane[:2] + (False,), [])
+                    before[v] = (str(e.get("serving") or BASE) if is_canary else
+                                 next((p["version"] for p in reversed(serving) if p.get("version") != v), BASE))
+            elif e.get("outcome") == "stopped":
+                rolled[v] = f"canary stopped at {str(e.get('time') or '?')[:16]}"
             past.append(e)
             if e.get("rollback_of"):
-                rolled[str(e["rollback_of"])] = f"to {v} at {str(e.get('time') or '?')[:16]}"
+                rolled[str(e["rollback_of"])] = f"rolled back to {v} at {str(e.get('time') or '?')[:16]}"
         for past in lanes.values():
             for e, nxt in zip(past, past[1:] + [None]):
                 start = _time(e.get("time"))
-                if start is None:
+                if start is None or e.get("role") == "canary_end":
                     continue
                 intervals.setdefault(str(e["version"]), []).append((start, _time(nxt.get("time")) if nxt else None))
         return cls(order, intervals, before, rolled)
@@ -412,7 +421,7 @@ def by_version(data: str, since: str = "", min_trajectories: int = MIN_TRAJECTOR
         if v in deleted:
             out.append(f"folder deleted: {checkpoints.rstrip('/')}/{v} is gone (figures from the transitions)")
         if pubs and v in pubs.rolled_back:
-            out.append(f"rolled back {pubs.rolled_back[v]}")
+            out.append(pubs.rolled_back[v])
         return out
 
     def matched(v: str, agent: str | None) -> VersionStats | None:

@@ -18,6 +18,23 @@ sequence for bounded rewards: rewards here are any real numbers (graded judges,
 costs), and the normal mixture needs only a variance; for 0/1 rewards it is
 conservative, never anti-conservative, at the sample sizes the watch waits for.
 No decision is taken on fewer than `min_trajectories` per version.
+
+The same Lambda, read the other way, gives an always-valid confidence sequence
+for the difference: every delta with Lambda(d - delta) < 1/alpha,
+
+    d +- sqrt(2 v (v + tau^2) / tau^2 * (log(1/alpha) + log((v + tau^2) / v) / 2))
+
+which "worse" (the whole sequence below 0) and "better" (above) are the two
+sides of, and which the report prints beside each decision.
+
+Two comparisons, one test:
+- a canary (publish/canary.py): the candidate against the serving version over
+  the same hours, since both serve side by side from the canary's start:
+  worse stops it, better promotes it, and a canary that has served
+  `canary.hours` with enough trajectories on both sides and a mean no more than
+  `margin` below the serving one's is promoted too: no evidence of harm, and the
+  watch keeps looking after the promotion;
+- otherwise the serving version against the one it replaced: worse rolls it back.
 """
 
 from __future__ import annotations
@@ -30,11 +47,32 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from nightshift.settings import setting
+
+from . import canary as canaries
 from . import registry
 from .publish import rollback
-from .versions import calls, trajectory_rewards
+from .versions import BASE, calls, trajectory_rewards
 
 log = logging.getLogger("nightshift.publish.watch")
+
+
+@dataclass
+class WatchSettings:
+    """After each build, production's verdict on what was published: the serving
+    version against the one before it, or a canary against the serving one."""
+
+    enabled: bool = setting(True, help="watch after each build; a worse version is rolled back (a canary stopped) "
+                                       "before training starts from it")
+    alpha: float = setting(0.01, help="false-alarm bound over every look: the chance of ever rolling back a version "
+                                      "as good as its predecessor", bounds="(0, 1)", flag="--alpha")
+    tau: float = setting(0.1, help="mixture scale: the size of difference worth finding quickly, in reward units",
+                         bounds="(0, inf)", flag="--tau")
+    min_trajectories: int = setting(30, help="rated trajectories each side needs before any decision",
+                                    bounds="[2, inf)", flag="--min-trajectories")
+    margin: float = setting(0.02, help="a canary whose mean reward is at most this far below the serving version's "
+                                       "is promoted after canary.hours (reward units)", bounds="[0, inf)",
+                            flag="--margin")
 
 
 @dataclass
@@ -47,10 +85,13 @@ class Verdict:
     diff: float | None  # candidate mean - baseline mean
     p_value: float  # always-valid
     why: str
+    low: float | None = None  # the always-valid confidence sequence of `diff` at 1 - alpha
+    high: float | None = None
 
 
-def msprt(a: list[float], b: list[float], tau: float = 0.1) -> tuple[float, float]:
-    """(mean(b) - mean(a), the mixture likelihood ratio Lambda) of samples `a`, `b`."""
+def msprt(a: list[float], b: list[float], tau: float = 0.1) -> tuple[float, float, float]:
+    """(mean(b) - mean(a), the mixture likelihood ratio Lambda, the variance v of
+    that difference) of samples `a`, `b`."""
     na, nb = len(a), len(b)
     ma, mb = sum(a) / na, sum(b) / nb
     va = sum((x - ma) ** 2 for x in a) / max(na - 1, 1)
@@ -59,7 +100,13 @@ def msprt(a: list[float], b: list[float], tau: float = 0.1) -> tuple[float, floa
     d = mb - ma
     t2 = tau * tau
     log_lam = 0.5 * math.log(v / (v + t2)) + d * d * t2 / (2 * v * (v + t2))
-    return d, math.exp(min(log_lam, 700.0))
+    return d, math.exp(min(log_lam, 700.0)), v
+
+
+def radius(v: float, tau: float, alpha: float) -> float:
+    """Half the width of the always-valid confidence sequence (module docstring)."""
+    t2 = tau * tau
+    return math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
 
 
 def judge(baseline: list[float], candidate: list[float], *, alpha: float = 0.01, tau: float = 0.1,
@@ -69,28 +116,35 @@ def judge(baseline: list[float], candidate: list[float], *, alpha: float = 0.01,
     if len(baseline) < min_trajectories or len(candidate) < min_trajectories:
         return Verdict("too_few", cand, base, len(candidate), len(baseline), None, 1.0,
                        f"{len(candidate)} and {len(baseline)} rated trajectories; {min_trajectories} each needed")
-    d, lam = msprt(baseline, candidate, tau)
+    d, lam, v = msprt(baseline, candidate, tau)
     p = min(1.0, 1.0 / lam)
+    r = radius(v, tau, alpha)
+    band = f"[{d - r:+.3f}, {d + r:+.3f}]"
     if lam >= 1.0 / alpha:
         decision = "worse" if d < 0 else "better"
-        why = f"{cand} {'below' if d < 0 else 'above'} {base} by {abs(d):.3f} (always-valid p {p:.4f} < {alpha})"
+        why = (f"{cand} {'below' if d < 0 else 'above'} {base} by {abs(d):.3f} (always-valid p {p:.4f} < {alpha}; "
+               f"difference within {band})")
     else:
         decision = "wait"
-        why = f"difference {d:+.3f}, always-valid p {p:.3f} (>= {alpha}): not yet decided"
-    return Verdict(decision, cand, base, len(candidate), len(baseline), d, p, why)
+        why = f"difference {d:+.3f} within {band}, always-valid p {p:.3f} (>= {alpha}): not yet decided"
+    return Verdict(decision, cand, base, len(candidate), len(baseline), d, p, why, d - r, d + r)
 
 
-def rewards_of(trajectories: pl.DataFrame, version: str) -> list[float]:
-    """The rated trajectories' rewards of one version (`versions.trajectory_rewards`)."""
-    return trajectories.filter((pl.col("version") == version) & pl.col("reward").is_not_null())["reward"].to_list()
+def rewards_of(trajectories: pl.DataFrame, version: str, since: dt.datetime | None = None) -> list[float]:
+    """The rated trajectories' rewards of one version (`versions.trajectory_rewards`),
+    those that started at `since` or later when given."""
+    mine = trajectories.filter((pl.col("version") == version) & pl.col("reward").is_not_null())
+    if since is not None:
+        mine = mine.filter(pl.col("start") >= since)
+    return mine["reward"].to_list()
 
 
 def serving_and_before(checkpoints: str, endpoint: str, name: str,
                        storage_options: dict | None = None) -> tuple[dict | None, dict | None]:
     """The publication serving `name` on `endpoint`, and the one it replaced (a
-    different version), from the registry."""
-    mine = [e for e in registry.read(checkpoints, storage_options)
-            if e.get("endpoint") == endpoint.rstrip("/") and str(e.get("name", "")).startswith(f"{name}@")]
+    different version), from the registry; canaries are not publications here."""
+    mine = [e for e in registry.lane(registry.read(checkpoints, storage_options), endpoint, name)
+            if e.get("role") not in registry.CANARY_ROLES]
     if not mine:
         return None, None
     now = mine[-1]
@@ -98,33 +152,87 @@ def serving_and_before(checkpoints: str, endpoint: str, name: str,
     return now, before
 
 
-def watch(data: str, checkpoints: str, settings, *, alpha: float = 0.01, tau: float = 0.1,
-          min_trajectories: int = 30, act: bool = True) -> tuple[Verdict | None, list[str]]:
-    """Judge the serving version against the one before it; roll it back when it is
-    worse (the verified publish path), and record the decision in
+def _record(checkpoints: str, v: Verdict, alpha: float, **extra) -> None:
+    entry = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "kind": "watch",
+             "candidate": v.candidate, "baseline": v.baseline, "decision": v.decision, "diff": v.diff,
+             "low": v.low, "high": v.high, "p_value": v.p_value, "n_candidate": v.n_candidate,
+             "n_baseline": v.n_baseline, "alpha": alpha, "why": v.why, **extra}
+    with open(f"{checkpoints.rstrip('/')}/gate-log.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def _time(text: str) -> dt.datetime:
+    t = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None = None,
+          canary: canaries.CanarySettings | None = None, *, act: bool = True,
+          now: dt.datetime | None = None, **publish_kw) -> tuple[Verdict | None, list[str]]:
+    """Judge what production has said since the last look, and act on it: stop or
+    promote a running canary, or roll back a serving version worse than the one
+    before it (the verified publish path). Every decision is recorded in
     `<checkpoints>/gate-log.jsonl`. `settings`: a `PublishSettings`."""
-    now, before = serving_and_before(checkpoints, settings.vllm_url, settings.name)
-    if now is None or before is None:
+    w = watching or WatchSettings()
+    entries = registry.read(checkpoints)
+    trial = registry.canary(entries, settings.vllm_url, settings.name)
+    if trial is not None:
+        return _watch_canary(data, checkpoints, settings, w, canary or canaries.CanarySettings(), trial, act,
+                             now or dt.datetime.now(dt.timezone.utc), publish_kw)
+    now_entry, before = serving_and_before(checkpoints, settings.vllm_url, settings.name)
+    if now_entry is None or before is None:
         return None, [f"nothing to compare: {settings.name!r} on {settings.vllm_url} has "
-                      f"{'no publication' if now is None else 'one version only'} (see {checkpoints}/published.json)"]
-    cand, base = now["version"], before["version"]
+                      f"{'no publication' if now_entry is None else 'one version only'} (see {checkpoints}/published.json)"]
+    cand, base = now_entry["version"], before["version"]
     trajectories = trajectory_rewards(calls(data))
-    v = judge(rewards_of(trajectories, base), rewards_of(trajectories, cand), alpha=alpha, tau=tau,
-              min_trajectories=min_trajectories, names=(base, cand))
+    v = judge(rewards_of(trajectories, base), rewards_of(trajectories, cand), alpha=w.alpha, tau=w.tau,
+              min_trajectories=w.min_trajectories, names=(base, cand))
     out = [f"watch: {cand} (serving) against {base}: {v.decision}: {v.why}"]
     log.warning("watch: %s against %s: %s (%s)", cand, base, v.decision, v.why)
     rolled = None
     if v.decision == "worse" and act:
-        kw = settings.kwargs()
+        kw = {**settings.kwargs(), **publish_kw}
         kw.pop("mode")
         res = rollback(checkpoints, settings.vllm_url, **kw)
         rolled = res.version
         out += [f"rolled back: {cand} -> {rolled}"] + ["  " + x for x in res.lines()]
     if v.decision in ("worse", "better") or rolled:
-        entry = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "kind": "watch",
-                 "candidate": cand, "baseline": base, "decision": v.decision, "diff": v.diff, "p_value": v.p_value,
-                 "n_candidate": v.n_candidate, "n_baseline": v.n_baseline, "alpha": alpha,
-                 "rolled_back_to": rolled, "why": v.why}
-        with open(f"{checkpoints.rstrip('/')}/gate-log.jsonl", "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        _record(checkpoints, v, w.alpha, rolled_back_to=rolled, action="rolled back" if rolled else "kept")
+    return v, out
+
+
+def _watch_canary(data: str, checkpoints: str, settings, w: WatchSettings, c: canaries.CanarySettings, trial: dict,
+                  act: bool, now: dt.datetime, publish_kw: dict) -> tuple[Verdict | None, list[str]]:
+    cand, base = trial["version"], trial.get("serving") or BASE
+    started = _time(trial["time"])
+    hours = (now - started).total_seconds() / 3600
+    if base == cand:  # promoted by a run that died before it closed the canary: finish the job
+        v = Verdict("better", cand, base, 0, 0, None, 1.0, f"{cand} already serves: its canary is closed")
+        return v, canaries.promote(trial, checkpoints, settings, c, v.why, **publish_kw) if act else [v.why]
+    trajectories = trajectory_rewards(calls(data))
+    # side by side over the same hours: the serving arm's trajectories from the canary's start on
+    v = judge(rewards_of(trajectories, base, started), rewards_of(trajectories, cand), alpha=w.alpha, tau=w.tau,
+              min_trajectories=w.min_trajectories, names=(base, cand))
+    share = 100 * float(trial.get("share") or 0)
+    out = [f"watch: canary {cand} ({share:.0f} % of conversations, {hours:.1f} h) against {base}: {v.decision}: {v.why}"]
+    log.warning("watch: canary %s against %s after %.1f h: %s (%s)", cand, base, hours, v.decision, v.why)
+    action = None
+    if v.decision == "worse":
+        action = "stop"
+    elif v.decision == "better":
+        action = "promote"
+    elif v.decision == "wait" and hours >= c.hours and v.diff is not None and v.diff >= -w.margin:
+        action = "promote"
+        v.why = (f"no evidence of harm after {hours:.1f} h (>= canary.hours {c.hours:g}): difference {v.diff:+.3f} "
+                 f"within {w.margin} of {base}, always-valid p {v.p_value:.3f}")
+        out.append(f"  promoting: {v.why}")
+    if action is None:
+        return v, out
+    if act:
+        out += (canaries.stop(trial, checkpoints, settings, c, v.why) if action == "stop"
+                else canaries.promote(trial, checkpoints, settings, c, v.why, **publish_kw))
+        _record(checkpoints, v, w.alpha, canary=True, action="canary stopped" if action == "stop" else "promoted",
+                rolled_back_to=base if action == "stop" else None, hours=round(hours, 2))
+    else:
+        out.append(f"  would {action} the canary (dry run)")
     return v, out

@@ -20,10 +20,10 @@ STAGES: dict[str, set[str]] = {
     "collector": {"schemas", "settings", "storage"},
     "transform": {"schemas", "settings", "storage"},
     "trainer": {"schemas", "settings", "storage"},
-    "publish": {"schemas", "settings", "storage", "trainer"},
-    "serve": {"schemas", "settings", "storage", "trainer"},
     "route": {"schemas", "settings", "storage"},
-    "nightly": {"schemas", "settings", "storage", "transform", "trainer", "publish"},
+    "publish": {"schemas", "settings", "storage", "trainer", "route"},
+    "serve": {"schemas", "settings", "storage", "trainer"},
+    "nightly": {"schemas", "settings", "storage", "transform", "trainer", "route", "publish"},
     "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "serve", "route", "nightly"},
 }
 
