@@ -82,7 +82,7 @@ def add_publish(sub, common) -> None:
 
     watch_flags = tuple(flag_names(PublishSettings)) + tuple(
         p for p in flag_names(NightlyConfig) if p.startswith("watch.") and p != "watch.enabled"
-        or p in ("canary.route_url", "canary.route_token", "canary.hours"))
+        or p in ("canary.route_url", "canary.route_token", "canary.max_hours"))
     add_flags(w, NightlyConfig, section="nightly", only=watch_flags)
     w.add_argument("--dry-run", action="store_true", help="say what it would do; change nothing")
     w.set_defaults(func=cmd_watch)
@@ -151,9 +151,8 @@ over every look), and act:
 
 - a canary running (nightly.canary.share > 0): the candidate against the serving
   version over the same hours; worse stops it (every conversation back on the
-  serving version, the candidate unloaded), better promotes it, and one that has
-  served --canary-hours with enough trajectories and a mean no more than --margin
-  below is promoted too;
+  serving version, the candidate unloaded); better, or shown no more than
+  --margin worse, promotes it; undecided after --canary-max-hours, it expires;
 - otherwise the serving version against the one it replaced; worse rolls it back
   through the verified publish path.
 

@@ -8,7 +8,7 @@ Every step goes through the same verified paths as a whole-traffic publish: the
 candidate is loaded under its versioned name (`agent@v0004`) and checked like any
 publication, the route is written to the proxy (which persists it before it
 answers), and `published.json` records a `canary` entry and, at the end, a
-`canary_end` with the outcome. Each step is safe to repeat, so a run killed
+`canary_end` with the outcome (`promoted`, `stopped` when worse, `expired`). Each step is safe to repeat, so a run killed
 half-way is finished by the next look.
 
 Without a canary running the proxy has no route for the stable name: requests
@@ -47,10 +47,10 @@ class CanarySettings:
                              flag="--route-url")
     route_token: str = setting("", help="the proxy's admin token (route.admin_token)", metavar="TOKEN",
                                flag="--route-token")
-    hours: float = setting(24.0, help="a canary neither clearly better nor clearly worse is promoted once it has "
-                                      "served this long, with the watch's minimum of rated trajectories on each "
-                                      "side and a mean reward no more than the watch's margin below the serving "
-                                      "version's", bounds="[0, inf)", metavar="HOURS", flag="--canary-hours")
+    max_hours: float = setting(72.0, help="a canary production has not judged (better, worse, or no worse than "
+                                          "the watch's margin) after this long expires: every conversation back on "
+                                          "the serving version, and the next night trains a new candidate",
+                               bounds="(0, inf)", metavar="HOURS", flag="--canary-max-hours")
 
 
 def _now() -> str:
@@ -94,9 +94,11 @@ def _end(checkpoints: str, entry: dict, outcome: str, why: str) -> None:
                                   "role": "canary_end", "outcome": outcome, "why": why, "time": _now()})
 
 
-def stop(entry: dict, checkpoints: str, settings, canary: CanarySettings, why: str) -> list[str]:
+def stop(entry: dict, checkpoints: str, settings, canary: CanarySettings, why: str,
+         outcome: str = "stopped") -> list[str]:
     """Every conversation back to the serving version, the candidate unloaded, and
-    the registry told: production judged it worse, so nothing returns to it."""
+    the registry told: `stopped` (production judged it worse, so nothing returns
+    to it) or `expired` (production could not tell)."""
     stable = entry.get("stable") or _stable(settings)
     client = _client(canary)
     if entry.get("serving") == BASE:
@@ -109,9 +111,9 @@ def stop(entry: dict, checkpoints: str, settings, canary: CanarySettings, why: s
     except VLLMError as e:
         if e.status != 404:  # already gone is what we wanted; anything else is said, not fatal
             log.warning("canary %s: could not unload it: %s", entry["name"], e)
-    _end(checkpoints, entry, "stopped", why)
-    log.warning("canary %s stopped: %s", entry["name"], why)
-    return [f"canary stopped: {entry['version']} ({why}); every conversation back on {entry['serving_name']}"]
+    _end(checkpoints, entry, outcome, why)
+    log.warning("canary %s %s: %s", entry["name"], outcome, why)
+    return [f"canary {outcome}: {entry['version']} ({why}); every conversation back on {entry['serving_name']}"]
 
 
 def promote(entry: dict, checkpoints: str, settings, canary: CanarySettings, why: str, **publish_kw) -> list[str]:

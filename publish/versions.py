@@ -318,8 +318,8 @@ class _Publications:
                     serving = lanes.get(lane[:2] + (False,), [])
                     before[v] = (str(e.get("serving") or BASE) if is_canary else
                                  next((p["version"] for p in reversed(serving) if p.get("version") != v), BASE))
-            elif e.get("outcome") == "stopped":
-                rolled[v] = f"canary stopped at {str(e.get('time') or '?')[:16]}"
+            elif e.get("outcome") in ("stopped", "expired"):
+                rolled[v] = f"canary {e['outcome']} at {str(e.get('time') or '?')[:16]}"
             past.append(e)
             if e.get("rollback_of"):
                 rolled[str(e["rollback_of"])] = f"rolled back to {v} at {str(e.get('time') or '?')[:16]}"

@@ -30,10 +30,13 @@ sides of, and which the report prints beside each decision.
 Two comparisons, one test:
 - a canary (publish/canary.py): the candidate against the serving version over
   the same hours, since both serve side by side from the canary's start:
-  worse stops it, better promotes it, and a canary that has served
-  `canary.hours` with enough trajectories on both sides and a mean no more than
-  `margin` below the serving one's is promoted too: no evidence of harm, and the
-  watch keeps looking after the promotion;
+  worse stops it; better promotes it, and so does a confidence sequence whose
+  lower end is above -`margin` (shown no worse than that: non-inferiority, as
+  valid at this look as at any); a canary still undecided after
+  `canary.max_hours` expires (the serving version keeps everything). A point
+  estimate "within the margin" is not enough: at 80 trajectories a side, a
+  canary 8 points worse looked within 2 points of the serving one 8 times in
+  20 (tests/test_watch.py);
 - otherwise the serving version against the one it replaced: worse rolls it back.
 """
 
@@ -70,8 +73,8 @@ class WatchSettings:
                          bounds="(0, inf)", flag="--tau")
     min_trajectories: int = setting(30, help="rated trajectories each side needs before any decision",
                                     bounds="[2, inf)", flag="--min-trajectories")
-    margin: float = setting(0.02, help="a canary whose mean reward is at most this far below the serving version's "
-                                       "is promoted after canary.hours (reward units)", bounds="[0, inf)",
+    margin: float = setting(0.05, help="a canary shown, at the watch's confidence, to be no more than this far "
+                                       "below the serving version (reward units) is promoted", bounds="[0, inf)",
                             flag="--margin")
 
 
@@ -201,6 +204,21 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
     return v, out
 
 
+def canary_action(v: Verdict, hours: float, w: WatchSettings, c: canaries.CanarySettings) -> str | None:
+    """What a look at a canary decides: "stop" (worse), "promote" (better, or not
+    worse by more than `w.margin`: the confidence sequence's lower end above
+    -margin, as valid at this look as at any), "expire" (undecided after
+    `c.max_hours`: the serving version keeps everything, and the candidate is not
+    held against anyone), or None (keep watching)."""
+    if v.decision == "worse":
+        return "stop"
+    if v.decision == "better" or v.decision == "wait" and v.low is not None and v.low >= -w.margin:
+        return "promote"
+    if hours >= c.max_hours:
+        return "expire"
+    return None
+
+
 def _watch_canary(data: str, checkpoints: str, settings, w: WatchSettings, c: canaries.CanarySettings, trial: dict,
                   act: bool, now: dt.datetime, publish_kw: dict) -> tuple[Verdict | None, list[str]]:
     cand, base = trial["version"], trial.get("serving") or BASE
@@ -216,22 +234,23 @@ def _watch_canary(data: str, checkpoints: str, settings, w: WatchSettings, c: ca
     share = 100 * float(trial.get("share") or 0)
     out = [f"watch: canary {cand} ({share:.0f} % of conversations, {hours:.1f} h) against {base}: {v.decision}: {v.why}"]
     log.warning("watch: canary %s against %s after %.1f h: %s (%s)", cand, base, hours, v.decision, v.why)
-    action = None
-    if v.decision == "worse":
-        action = "stop"
-    elif v.decision == "better":
-        action = "promote"
-    elif v.decision == "wait" and hours >= c.hours and v.diff is not None and v.diff >= -w.margin:
-        action = "promote"
-        v.why = (f"no evidence of harm after {hours:.1f} h (>= canary.hours {c.hours:g}): difference {v.diff:+.3f} "
-                 f"within {w.margin} of {base}, always-valid p {v.p_value:.3f}")
-        out.append(f"  promoting: {v.why}")
+    action = canary_action(v, hours, w, c)
+    if action == "promote" and v.decision == "wait":
+        v.why = (f"not worse than {base} by more than the margin {w.margin:g}: the difference {v.diff:+.3f} lies in "
+                 f"[{v.low:+.3f}, {v.high:+.3f}] at confidence {1 - w.alpha:g}")
+    elif action == "expire":
+        v.why = (f"undecided after {hours:.1f} h (canary.max_hours {c.max_hours:g}): {v.why}; {base} keeps every "
+                 "conversation")
     if action is None:
         return v, out
     if act:
-        out += (canaries.stop(trial, checkpoints, settings, c, v.why) if action == "stop"
-                else canaries.promote(trial, checkpoints, settings, c, v.why, **publish_kw))
-        _record(checkpoints, v, w.alpha, canary=True, action="canary stopped" if action == "stop" else "promoted",
+        if action == "promote":
+            out += canaries.promote(trial, checkpoints, settings, c, v.why, **publish_kw)
+        else:
+            out += canaries.stop(trial, checkpoints, settings, c, v.why, outcome="stopped" if action == "stop"
+                                 else "expired")
+        _record(checkpoints, v, w.alpha, canary=True, action={"stop": "canary stopped", "expire": "canary expired",
+                                                               "promote": "promoted"}[action],
                 rolled_back_to=base if action == "stop" else None, hours=round(hours, 2))
     else:
         out.append(f"  would {action} the canary (dry run)")

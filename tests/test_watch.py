@@ -16,7 +16,8 @@ import pytest
 
 from nightshift.publish import registry
 from nightshift.publish.versions import by_version, interval, lines
-from nightshift.publish.watch import judge
+from nightshift.publish.canary import CanarySettings
+from nightshift.publish.watch import WatchSettings, canary_action, judge, radius
 from transitions_data import row, write
 
 
@@ -79,6 +80,52 @@ def test_a_worse_version_is_found_and_a_better_one_promoted():
     better = [_first_decision(0.45, 0.7, seed, range(20, 601, 20))[0] for seed in range(5)]
     assert better == ["better"] * 5
     assert judge([1.0] * 10, [0.0] * 10).decision == "too_few"  # never on fewer than it needs
+
+
+def _canary_outcome(p_serving: float, p_canary: float, seed: int, per_look: int = 20, looks: int = 30,
+                    hours_per_look: float = 6.0) -> tuple[str, int]:
+    """A canary looked at every `hours_per_look` hours, each look adding `per_look` rated
+    trajectories on each side: (its fate, trajectories per side when decided)."""
+    rng = random.Random(seed)
+    serving, canary = _bernoulli(p_serving, per_look * looks, rng), _bernoulli(p_canary, per_look * looks, rng)
+    w, c = WatchSettings(), CanarySettings(share=0.5)
+    for k in range(1, looks + 1):
+        n = k * per_look
+        action = canary_action(judge(serving[:n], canary[:n]), k * hours_per_look, w, c)
+        if action:
+            return action, n
+    return "undecided", per_look * looks
+
+
+def test_a_canary_as_good_as_what_serves_is_never_stopped_over_20_seeds():
+    fates = [_canary_outcome(0.4, 0.4, seed) for seed in range(20)]
+    assert all(f != "stop" for f, _ in fates), fates
+    assert min(n for _, n in fates) >= 30  # never on fewer trajectories than the test needs
+    # with 600 a side the sequence is still too wide to show "no worse than 0.05": they expire
+    assert {f for f, _ in fates} <= {"expire", "promote"}
+
+
+def test_a_worse_canary_is_stopped_and_a_better_one_promoted_within_a_few_hundred_trajectories():
+    worse = [_canary_outcome(0.4, 0.1, seed) for seed in range(20)]
+    assert all(f == "stop" for f, _ in worse), worse
+    assert max(n for _, n in worse) <= 200, worse
+    better = [_canary_outcome(0.4, 0.75, seed) for seed in range(20)]
+    assert all(f == "promote" for f, _ in better), better
+    assert max(n for _, n in better) <= 200, better
+    # 8 points worse: never promoted (a point estimate "within the margin" would have
+    # promoted 8 of these 20 at 80 trajectories a side)
+    slightly = [_canary_outcome(0.5, 0.42, seed) for seed in range(20)]
+    assert all(f in ("stop", "expire") for f, _ in slightly), slightly
+
+
+def test_the_confidence_sequence_holds_the_difference_and_names_the_decision():
+    rng = random.Random(3)
+    a, b = _bernoulli(0.7, 200, rng), _bernoulli(0.4, 200, rng)
+    v = judge(a, b)
+    assert v.decision == "worse" and v.low < v.diff < v.high < 0  # worse: the whole sequence below 0
+    assert v.high - v.low == pytest.approx(2 * radius((0.21 + 0.24) / 200, 0.1, 0.01), rel=0.1)
+    w = judge(a[:40], a[40:80])
+    assert w.decision == "wait" and w.low < 0 < w.high
 
 
 def ns(*args: str) -> subprocess.CompletedProcess:
