@@ -95,7 +95,7 @@ def stub(port: int, chunks: int, pace: float) -> None:
         server = await asyncio.get_running_loop().create_server(Stub, "127.0.0.1", port, backlog=1024)
         await server.serve_forever()
 
-    run(serve())
+    asyncio.run(serve())
 
 
 class Client(asyncio.Protocol):
@@ -160,16 +160,6 @@ async def load(port: int, model: str, streams: int, requests: int, spread: float
     return out, time.perf_counter() - t0
 
 
-def run(coro):
-    """uvloop where installed, for the stub and the clients alike (both phases)."""
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:
-        return asyncio.run(coro)
-
-
 # --- measuring ------------------------------------------------------------------------------
 
 
@@ -212,8 +202,7 @@ def start(args: argparse.Namespace, tmp: str) -> tuple[subprocess.Popen, subproc
     wait_port(up_port)
     env = {**os.environ, "NIGHTSHIFT_ROUTE_STATE": f"{tmp}/routes.json"}
     proxy = subprocess.Popen([sys.executable, "-m", "nightshift.cli.route_cmd", "route", "--listen",
-                              f"127.0.0.1:{proxy_port}", "--upstream", f"http://127.0.0.1:{up_port}",
-                              "--event-loop", args.event_loop],
+                              f"127.0.0.1:{proxy_port}", "--upstream", f"http://127.0.0.1:{up_port}"],
                              env=env, stderr=open(f"{tmp}/proxy.log", "wb"))
     wait_port(proxy_port)
     put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/agent", method="PUT", data=json.dumps(
@@ -271,8 +260,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="direct/proxied rounds, alternating (default 3)")
     ap.add_argument("--chunks", type=int, default=20, help="SSE chunks per answer (default 20)")
     ap.add_argument("--pace", type=float, default=0.025, help="seconds between chunks (default 0.025)")
-    ap.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"),
-                    help="the proxy's event loop (default auto: uvloop where installed)")
     ap.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stub:
@@ -282,7 +269,7 @@ def main() -> None:
         upstream, proxy, up_port, proxy_port = start(args, tmp)
         try:
             procs = [psutil.Process(upstream.pid), psutil.Process(proxy.pid), psutil.Process()]
-            results = run(bench(args, up_port, proxy_port, procs))
+            results = asyncio.run(bench(args, up_port, proxy_port, procs))
             report(args, *results[:5], proxy.pid, results[5], before)
         finally:
             for p in (proxy, upstream):

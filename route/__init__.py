@@ -27,5 +27,6 @@ in front of one vLLM each keep their own table: PUT to each.
 
 Also on the proxy: `GET /healthz`, `GET /metrics` (Prometheus, `metrics.py`),
 one log line per decision. Modules: `config.py` (settings), `table.py`,
-`choose.py`, `proxy.py`, `control.py`, `client.py`, `metrics.py`, `server.py`.
+`choose.py`, `proxy.py`, `upstream.py`, `control.py`, `client.py`, `metrics.py`,
+`server.py`.
 """

@@ -38,11 +38,8 @@ class RouteConfig:
     missing_ttl: float = setting(30.0, help="how long a version the upstream said it does not have is skipped "
                                             "without asking again", metavar="DURATION")
     max_body_bytes: int = setting(64 << 20, help="largest request body (413 beyond)", metavar="SIZE")
-    max_connections: int = setting(0, help="connections to the upstream at once; 0 = no limit")
     drain_timeout: float = setting(30.0, help="on SIGTERM, how long responses in flight may take to finish",
                                    metavar="DURATION")
-    event_loop: str = setting("auto", help="auto: uvloop where installed (measured faster: benchmarks/route.py), "
-                                           "else asyncio's", choices=("auto", "uvloop", "asyncio"))
     log_decisions: bool = setting(True, help="one log line per routing decision")
     log_level: str = setting("info", help="debug, info, warning, error", metavar="LEVEL")
 
@@ -71,8 +68,6 @@ class RouteConfig:
                 raise SettingsError(f"route.{name} must be a positive duration, got {v!r}")
         if not (math.isfinite(self.missing_ttl) and self.missing_ttl >= 0):
             raise SettingsError(f"route.missing_ttl must be a duration >= 0, got {self.missing_ttl!r}")
-        if self.max_body_bytes < 1 or self.max_connections < 0:
-            raise SettingsError("route.max_body_bytes must be >= 1 and route.max_connections >= 0")
-        if self.event_loop not in ("auto", "uvloop", "asyncio"):
-            raise SettingsError(f"route.event_loop must be auto, uvloop or asyncio, got {self.event_loop!r}")
+        if self.max_body_bytes < 1:
+            raise SettingsError(f"route.max_body_bytes must be at least 1, got {self.max_body_bytes}")
         self.state_path()

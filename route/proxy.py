@@ -21,25 +21,24 @@ import asyncio
 import json
 import logging
 import time
+from urllib.parse import urlsplit
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from .choose import choose, sticky_key
 from .config import RouteConfig
 from .metrics import Metrics
 from .table import RouteTable
+from .upstream import Exchange, Pool, UpstreamError
 
 log = logging.getLogger("nightshift.route")
 
 ROUTE_HEADER = "X-Nightshift-Route"
 FALLBACK_HEADER = "X-Nightshift-Route-Fallback"
-_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                  "transfer-encoding", "upgrade", "host", "content-length"))
-_SKIP_AUTO = frozenset(("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
-_UPSTREAM_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError)
+_HOP = frozenset((b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+                  b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect"))
+HIGH_WATER = 1 << 20  # bytes waiting for a slow client before the upstream is paused
 
 
 class BodyTooLarge(Exception):
@@ -53,9 +52,10 @@ def error(status: int, etype: str, message: str, headers: dict | None = None) ->
                         headers=headers)
 
 
-def _without_hop(headers) -> CIMultiDict:
-    named = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _HOP and k.lower() not in named)
+def _kept(raw_headers) -> list[tuple[bytes, bytes]]:
+    """Headers less the hop-by-hop ones (and those the Connection header names)."""
+    named = {h.strip().lower() for k, v in raw_headers if k.lower() == b"connection" for h in v.split(b",")}
+    return [(k, v) for k, v in raw_headers if k.lower() not in _HOP and k.lower() not in named]
 
 
 def _is_missing(status: int, body: bytes) -> bool:
@@ -84,20 +84,13 @@ class Proxy:
     def __init__(self, cfg: RouteConfig, table: RouteTable, metrics: Metrics) -> None:
         self.cfg, self.table, self.metrics = cfg, table, metrics
         self.base = cfg.upstream.rstrip("/")
+        u = urlsplit(self.base)
+        self.host_header = u.netloc.encode()
+        self.pool = Pool(u.hostname or "127.0.0.1", u.port or 80, cfg.connect_timeout, cfg.read_timeout)
         self.missing: dict[str, float] = {}  # versioned name -> monotonic time it may be tried again
-        self.session: aiohttp.ClientSession | None = None
-
-    async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.cfg.connect_timeout,
-                                        sock_connect=self.cfg.connect_timeout, sock_read=self.cfg.read_timeout)
-        connector = aiohttp.TCPConnector(limit=self.cfg.max_connections, limit_per_host=0, ttl_dns_cache=300,
-                                         keepalive_timeout=30)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                             skip_auto_headers=_SKIP_AUTO, cookie_jar=aiohttp.DummyCookieJar())
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        await self.pool.close()
 
     # --- missing versions -------------------------------------------------------------
 
@@ -130,16 +123,24 @@ class Proxy:
         finally:
             self.metrics.inflight.dec()
 
+    def _head(self, request: web.BaseRequest) -> bytes:
+        """The request line and headers for the upstream, less Content-Length."""
+        lines = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (request.method.encode(), request.raw_path.encode(
+            "utf-8", "surrogateescape"), self.host_header)]
+        key = self.cfg.upstream_api_key
+        lines += [k + b": " + v + b"\r\n" for k, v in _kept(request.raw_headers)
+                  if not (key and k.lower() == b"authorization")]
+        if key:
+            lines.append(b"Authorization: Bearer %s\r\n" % key.encode())
+        return b"".join(lines)
+
     async def _forward(self, request: web.BaseRequest, t0: float) -> web.StreamResponse:
         try:
             body = await read_body(request, self.cfg.max_body_bytes)
         except BodyTooLarge:
             return error(413, "RequestEntityTooLarge", f"the request body is larger than {self.cfg.max_body_bytes} "
                          "bytes (route.max_body_bytes)")
-        headers = _without_hop(request.headers)
-        if self.cfg.upstream_api_key:
-            headers["Authorization"] = f"Bearer {self.cfg.upstream_api_key}"
-        url = URL(self.base + request.raw_path, encoded=True)
+        head = self._head(request)
         obj = None
         if request.method == "POST" and body[:1] in (b"{", b" ", b"\n", b"\r", b"\t"):
             try:
@@ -149,7 +150,7 @@ class Proxy:
         model = obj.get("model") if isinstance(obj, dict) else None
         route = self.table.get(model) if isinstance(model, str) else None
         if route is None:
-            return await self._send(request, url, headers, t0, body, None, "-", ["-"], [])
+            return await self._send(request, head, t0, body, None, "-", ["-"], [])
         kind, key = sticky_key(request.headers, obj)
         chosen, arm, x = choose(route, key)
         targets = [chosen] + ([route.serving] if chosen == route.candidate else [])
@@ -163,56 +164,66 @@ class Proxy:
             where = "" if x < 0 else f", point {x:.3f} {'<' if arm == 'candidate' else '>='} share {route.share:g}"
             gone = f"; {', '.join(skipped)} missing on the upstream" if skipped else ""
             log.info("route %s -> %s (%s; %s key %s%s)%s", model, targets[0], arm, kind, key[:12], where, gone)
-        return await self._send(request, url, headers, t0, body, obj, model, targets, skipped)
+        return await self._send(request, head, t0, body, obj, model, targets, skipped)
 
-    async def _send(self, request: web.BaseRequest, url: URL, headers: CIMultiDict, t0: float, body: bytes,
-                    obj: dict | None, name: str, targets: list[str], skipped: list[str]) -> web.StreamResponse:
+    async def _send(self, request: web.BaseRequest, head: bytes, t0: float, body: bytes, obj: dict | None,
+                    name: str, targets: list[str], skipped: list[str]) -> web.StreamResponse:
         """To the first target; after a "does not exist" 404 with targets left, to the next."""
-        waited = 0.0
-        while True:
-            version = targets[0]
-            data = body if obj is None else json.dumps({**obj, "model": version}, separators=(",", ":")).encode()
-            t = time.perf_counter()
-            try:
-                up = await self.session.request(request.method, url, data=data or None, headers=headers,
-                                                allow_redirects=False)
-            except asyncio.TimeoutError:
-                return self._failed(name, version, 504, "timeout", f"the upstream {self.base} did not answer within "
-                                    f"{self.cfg.connect_timeout:g} s to connect / {self.cfg.read_timeout:g} s to reply")
-            except aiohttp.ClientError as e:
-                return self._failed(name, version, 502, "connect", f"the upstream {self.base} is unreachable: "
-                                    f"{type(e).__name__}: {e}")
-            waited += time.perf_counter() - t
-            if obj is None or len(targets) == 1 or up.status != 404:
-                break
-            try:
-                answer = await up.read()
-            except _UPSTREAM_BROKEN as e:
-                up.close()
-                return self._failed(name, version, 502, "broken", f"the upstream {self.base} broke its answer: {e!r}")
-            if not _is_missing(up.status, answer):
-                return self._buffered(up, answer, t0, waited, name, version, skipped)
-            self.missing[version] = time.monotonic() + self.cfg.missing_ttl
-            self.metrics.missing.set(len(self.missing))
-            skipped.append(targets.pop(0))
-            self.metrics.fallbacks.labels(name, version, targets[0]).inc()
-            log.warning("route %s: the upstream %s does not have %s (404 \"does not exist\"); sent to %s instead, "
-                        "and so for the next %g s", name, self.base, version, targets[0], self.cfg.missing_ttl)
+        waited, ex = 0.0, None
         try:
-            if up.content_length is not None and up.content_type != "text/event-stream":
+            while True:
+                version = targets[0]
+                data = body if obj is None else json.dumps({**obj, "model": version}, separators=(",", ":")).encode()
+                length = b"Content-Length: %d\r\n" % len(data) if data or request.method not in ("GET", "HEAD") else b""
                 t = time.perf_counter()
                 try:
-                    answer = await up.read()
-                except _UPSTREAM_BROKEN as e:
-                    return self._failed(name, version, 502, "broken", f"the upstream {self.base} broke its answer: "
-                                        f"{e!r}")
-                return self._buffered(up, answer, t0, waited + time.perf_counter() - t, name, version, skipped)
-            return await self._stream(request, up, t0, waited, name, version, skipped)
+                    ex = await self.pool.exchange(head + length + b"\r\n" + data, head_only=request.method == "HEAD")
+                    status = await ex.head
+                    if obj is not None and len(targets) > 1 and status == 404:
+                        await ex.done
+                except UpstreamError as e:
+                    return self._failed(name, version, e)
+                finally:
+                    waited += time.perf_counter() - t
+                if obj is None or len(targets) == 1 or status != 404:
+                    break
+                answer = b"".join(ex.body)
+                if not _is_missing(status, answer):
+                    return self._buffered(ex, answer, t0, waited, name, version, skipped)
+                self.missing[version] = time.monotonic() + self.cfg.missing_ttl
+                self.metrics.missing.set(len(self.missing))
+                skipped.append(targets.pop(0))
+                self.metrics.fallbacks.labels(name, version, targets[0]).inc()
+                log.warning("route %s: the upstream %s does not have %s (404 \"does not exist\"); sent to %s "
+                            "instead, and so for the next %g s", name, self.base, version, targets[0],
+                            self.cfg.missing_ttl)
+            if not self._whole(ex):
+                return await self._stream(request, ex, t0, waited, name, version, skipped)
+            t = time.perf_counter()
+            try:
+                await ex.done
+            except UpstreamError as e:
+                return self._failed(name, version, e)
+            return self._buffered(ex, b"".join(ex.body), t0, waited + time.perf_counter() - t, name, version, skipped)
         finally:
-            up.close()  # after release() (a complete answer) this does nothing; otherwise it drops the connection
+            if ex is not None:  # still in flight only when the client went away (a cancelled await
+                self.pool.drop(ex)  # cancels ex.done too): the upstream stops generating for nobody
 
-    def _headers(self, up: aiohttp.ClientResponse, name: str, version: str, skipped: list[str]) -> CIMultiDict:
-        out = _without_hop(up.headers)
+    @staticmethod
+    def _whole(ex: Exchange) -> bool:
+        """Read whole before answering: a body of known length that is not an event
+        stream (an answer, an error), or none at all."""
+        if ex.done.done():
+            return True
+        length = sse = False
+        for k, v in ex.headers:
+            k = k.lower()
+            length = length or k == b"content-length"
+            sse = sse or (k == b"content-type" and v.lstrip().lower().startswith(b"text/event-stream"))
+        return length and not sse
+
+    def _headers(self, ex: Exchange, name: str, version: str, skipped: list[str]) -> CIMultiDict:
+        out = CIMultiDict((k.decode("latin-1"), v.decode("utf-8", "replace")) for k, v in _kept(ex.headers))
         if name != "-":
             out[ROUTE_HEADER] = version
             if skipped:
@@ -223,52 +234,83 @@ class Proxy:
         self.metrics.requests.labels(name, version, str(status)).inc()
         self.metrics.overhead.observe(max(0.0, time.perf_counter() - t0 - waited))
 
-    def _failed(self, name: str, version: str, status: int, kind: str, message: str) -> web.Response:
-        self.metrics.upstream_errors.labels(kind).inc()
+    def _failed(self, name: str, version: str, e: UpstreamError) -> web.Response:
+        status = 504 if e.kind == "timeout" else 502
+        self.metrics.upstream_errors.labels(e.kind).inc()
         self.metrics.requests.labels(name, version, str(status)).inc()
-        log.warning("%s", message)
+        where = {"connect": "is unreachable", "timeout": f"did not answer in time (connect_timeout "
+                 f"{self.cfg.connect_timeout:g} s, read_timeout {self.cfg.read_timeout:g} s)",
+                 "broken": "broke its answer"}[e.kind]
+        message = f"the upstream {self.base} {where}: {e}"
+        log.warning("route %s: %s", name, message)
         return error(status, "BadGateway" if status == 502 else "GatewayTimeout", f"nightshift route: {message}")
 
-    def _buffered(self, up, answer: bytes, t0: float, waited: float, name: str, version: str, skipped) -> web.Response:
-        resp = web.Response(status=up.status, reason=up.reason, headers=self._headers(up, name, version, skipped),
-                            body=answer)
-        up.release()
-        self._done(name, version, up.status, t0, waited)
+    def _buffered(self, ex: Exchange, answer: bytes, t0: float, waited: float, name: str, version: str,
+                  skipped) -> web.Response:
+        resp = web.Response(status=ex.status, headers=self._headers(ex, name, version, skipped), body=answer)
+        self._done(name, version, ex.status, t0, waited)
         return resp
 
-    async def _stream(self, request, up, t0: float, waited: float, name: str, version: str, skipped) -> web.StreamResponse:
-        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=self._headers(up, name, version, skipped))
-        if up.content_length is not None:
-            resp.content_length = up.content_length
-        else:
-            resp.enable_chunked_encoding()
+    async def _stream(self, request, ex: Exchange, t0: float, waited: float, name: str, version: str,
+                      skipped) -> web.StreamResponse:
+        resp = web.StreamResponse(status=ex.status, headers=self._headers(ex, name, version, skipped))
+        resp.enable_chunked_encoding()
         try:
             await resp.prepare(request)
-            self._done(name, version, up.status, t0, waited)
-            while True:
-                try:
-                    chunk = await up.content.readany()
-                except _UPSTREAM_BROKEN as e:
-                    self._abort(request, name, version, e)
-                    return resp
-                if not chunk:
-                    break
-                await resp.write(chunk)
+            await resp.write(b"")  # the head is on the socket now; the body's pieces follow it there
+        except ConnectionError:
+            return self._client_gone(resp, name, version)
+        self._done(name, version, ex.status, t0, waited)
+        out, loop = request.transport, asyncio.get_running_loop()
+        if out is None:
+            return self._client_gone(resp, name, version)
+
+        def write(piece: bytes) -> None:  # called from the upstream socket's callback, per piece as it arrives
+            if out.is_closing():
+                return
+            out.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            if out.get_write_buffer_size() > HIGH_WATER and not ex.conn.paused:
+                ex.conn.paused = True
+                ex.conn.transport.pause_reading()
+                loop.create_task(self._resume_when_drained(out, ex))
+
+        ex.pipe(write)
+        try:
+            await ex.done
+        except UpstreamError as e:
+            self._abort(request, name, version, e)
+            return resp
+        except asyncio.CancelledError:  # the client hung up (aiohttp cancels its handler)
+            self._client_gone(resp, name, version)
+            raise
+        if out.is_closing():
+            return self._client_gone(resp, name, version)
+        try:
             await resp.write_eof()
         except ConnectionError:
-            self.metrics.stream_aborts.labels("client").inc()
-            log.info("route %s: the client went away inside a streamed answer from %s; upstream request closed",
-                     name, version)
-            return resp
-        up.release()
+            return self._client_gone(resp, name, version)
         return resp
 
-    def _abort(self, request: web.BaseRequest, name: str, version: str, e: BaseException) -> None:
+    @staticmethod
+    async def _resume_when_drained(out, ex: Exchange) -> None:
+        while out.get_write_buffer_size() > HIGH_WATER // 4 and not out.is_closing():
+            await asyncio.sleep(0.01)
+        ex.conn.paused = False
+        if not ex.conn.transport.is_closing():
+            ex.conn.transport.resume_reading()
+
+    def _client_gone(self, resp: web.StreamResponse, name: str, version: str) -> web.StreamResponse:
+        self.metrics.stream_aborts.labels("client").inc()
+        log.info("route %s: the client went away inside a streamed answer from %s; upstream request closed",
+                 name, version)
+        return resp
+
+    def _abort(self, request: web.BaseRequest, name: str, version: str, e: UpstreamError) -> None:
         """The upstream broke inside a stream: cut the client off without an ending,
         so it sees an error and retries instead of taking a short answer as whole."""
-        self.metrics.upstream_errors.labels("timeout" if isinstance(e, asyncio.TimeoutError) else "broken").inc()
+        self.metrics.upstream_errors.labels(e.kind).inc()
         self.metrics.stream_aborts.labels("upstream").inc()
         log.warning("route %s: the upstream %s broke inside a streamed answer from %s (%s); the client's connection "
-                    "is aborted so it sees an error", name, self.base, version, type(e).__name__)
+                    "is aborted so it sees an error", name, self.base, version, e)
         if request.transport is not None:
             request.transport.abort()

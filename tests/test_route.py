@@ -122,6 +122,7 @@ class Scripted(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     known = {"agent@v0001", "agent@v0002", "tiny"}
     seen: list = []
+    cut: list = []
 
     def log_message(self, *a):
         pass
@@ -138,7 +139,7 @@ class Scripted(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         req = json.loads(raw)
         model = req["model"]
-        type(self).seen.append((model, dict(self.headers), req))
+        type(self).seen.append((model, self.headers, req))  # case-insensitive, as HTTP is
         if model.startswith("error-"):
             return self._send(400, b'{"error": {"message": "max_tokens is too large: 99999", "type": '
                               b'"BadRequestError", "param": "max_tokens", "code": 400}}',
@@ -161,8 +162,12 @@ class Scripted(BaseHTTPRequestHandler):
             ev = json.dumps({**head, "object": "chat.completion.chunk", "choices": [
                 {"index": 0, "delta": {"content": f"part{i} "}, "finish_reason": None}]})
             data = f"data: {ev}\n\n".encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            except OSError:  # the proxy closed the request: a real server stops generating here
+                type(self).cut.append(model)
+                return
             time.sleep(0.05 if n != 3 else 0)
         if model.startswith("break"):  # the server dies mid-answer: no last chunk, no [DONE]
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -174,7 +179,7 @@ class Scripted(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def scripted():
-    Scripted.seen = []
+    Scripted.seen, Scripted.cut = [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -410,6 +415,19 @@ def test_a_proxy_killed_mid_stream_is_an_error_for_the_client(scripted, route_fa
             if len(got) == 3:
                 r.stop(signal.SIGKILL)
     assert 3 <= len(got) < 200
+
+
+def test_a_client_that_hangs_up_mid_stream_closes_its_upstream_request(scripted, route_factory):
+    r = route_factory(scripted).start()
+    r.put("agent", serving="slow@v1")
+    with _client(r).chat.completions.create(model="agent", messages=Q, stream=True) as stream:
+        assert next(iter(stream)).choices[0].delta.content == "part0 "
+    deadline = time.time() + 10
+    while not Scripted.cut and time.time() < deadline:  # 200 chunks 50 ms apart: 10 s if nobody closes it
+        time.sleep(0.1)
+    assert Scripted.cut == ["slow@v1"]
+    assert r.metric("nightshift_route_stream_aborts_total", by="client") == 1
+    assert "the client went away inside a streamed answer from slow@v1" in r.log()
 
 
 def test_sigterm_lets_a_short_answer_finish_and_exits_0(scripted, route_factory):
