@@ -46,13 +46,16 @@ class RouteClient:
         """{"routes": [{"name", "serving", "candidate", "share", "updated"}], "missing": {...}, "upstream": url}"""
         return self._call("GET", "/nightshift/routes")
 
-    def get(self, name: str) -> dict | None:
+    def _unless_404(self, method: str, path: str, key: str) -> dict | None:
         try:
-            return self._call("GET", self._path(name))["route"]
+            return self._call(method, path)[key]
         except RouteError as e:
             if e.status == 404:
                 return None
             raise
+
+    def get(self, name: str) -> dict | None:
+        return self._unless_404("GET", self._path(name), "route")
 
     def set(self, name: str, serving: str, candidate: str | None = None, share: float = 0.0) -> dict:
         """The route as stored (persisted before the proxy answered)."""
@@ -60,9 +63,5 @@ class RouteClient:
         return self._call("PUT", self._path(name), body)["route"]
 
     def delete(self, name: str) -> dict | None:
-        try:
-            return self._call("DELETE", self._path(name))["deleted"]
-        except RouteError as e:
-            if e.status == 404:
-                return None
-            raise
+        """The route deleted, or None when there was none."""
+        return self._unless_404("DELETE", self._path(name), "deleted")

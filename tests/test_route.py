@@ -24,6 +24,7 @@ from openai import APIStatusError, OpenAI
 
 from conftest import free_port
 from nightshift.route.choose import choose, point, sticky_key
+from nightshift.route.client import RouteClient, RouteError
 from nightshift.route.table import Route, TableError, parse
 from transitions_data import CALC_TOOL
 
@@ -288,6 +289,10 @@ def test_the_cli_sets_shows_and_deletes_routes(scripted, route_factory):
     p = cli("set", "agent", "--serving", "agent@v0001", "--candidate", "agent@v0002", "--share", "0.1")
     assert p.returncode == 0 and p.stdout.strip() == "agent: agent@v0001, candidate agent@v0002 at 10 %", p.stderr
     assert cli("show").stdout.strip() == "agent: agent@v0001, candidate agent@v0002 at 10 %"
+    # what the nightly job calls
+    assert RouteClient(r.url, TOKEN).get("agent")["share"] == 0.1 and RouteClient(r.url, TOKEN).get("nope") is None
+    with pytest.raises(RouteError, match="admin token"):
+        RouteClient(r.url).routes()
     bad = cli("set", "agent", "--serving", "agent@v0001", "--candidate", "agent@v0002", "--share", "2")
     assert bad.returncode == 1 and "share must be a number in [0, 1], got 2.0" in bad.stderr
     assert cli("delete", "agent").returncode == 0
