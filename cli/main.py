@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve_cmd import add_serve
 
     add_serve(sub, common)
+    from .route_cmd import add_route
+
+    add_route(sub)
     from .publish_cmd import add_publish
 
     add_publish(sub, common)

@@ -189,3 +189,12 @@ def world_policy() -> Path:
     spec = policy.PolicySpec()
     root = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
     return policy.build(root / f"policy-{spec.key()}", spec, progress=False)
+
+
+@pytest.fixture(scope="session")
+def world_candidates(tmp_path_factory, world_policy) -> dict:
+    """Three versions trained on the agent world's logs (tests/support/world.py): good,
+    trained on inverted rewards, format wrecked; shared by the gate's and the canary's tests."""
+    from support.world import train_candidates
+
+    return train_candidates(tmp_path_factory.mktemp("world-candidates"), world_policy)

@@ -7,93 +7,17 @@ everything fails here), and say why in numbers."""
 from __future__ import annotations
 
 import json
-import random
-import sys
-from pathlib import Path
 
 import pytest
 
 from nightshift.settings import apply
 from nightshift.trainer.config import TrainConfig
 from nightshift.publish.gate import GateSettings, gate, valid_output
-from nightshift.trainer.run import train
-from transitions_data import write
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "agent_world"))
-
-EPISODES = 160
-
-
-def _message(m: dict) -> dict:
-    calls = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-             for c in m.get("tool_calls") or []]
-    return {"role": m["role"], "content": m.get("content"), "name": None, "tool_calls": calls or None,
-            "tool_call_id": m.get("tool_call_id")}
-
-
-def _logged_episodes(policy_dir: Path, n: int, invert: bool = False) -> list[dict]:
-    """The behaviour policy's own episodes at temperature 1, as the transitions the
-    build writes (one row per call, reward = the checker's, credited to every call)."""
-    import evaluate
-    import world
-
-    from nightshift.serve.engine import Engine
-
-    engine = Engine(str(policy_dir), "world-policy")
-    chat = evaluate.engine_chat(engine, None, 1.0, seed=7)
-    rng = random.Random(7)
-    rows, eps = [], []
-    for i in range(n):
-        calls = []
-
-        def recording(messages, _calls=calls):
-            out = chat(messages)
-            _calls.append(([dict(m) for m in messages], out))
-            return out
-
-        ep = world.run_episode(world.make_task(rng), recording)
-        eps.append((i, ep, calls))
-    mean = sum(ep.success for _, ep, _ in eps) / len(eps)
-    for i, ep, calls in eps:
-        r = float(ep.success)
-        if invert:
-            r = 1.0 - r
-        for step, (messages, out) in enumerate(calls):
-            tid = f"{i:016x}{step:016x}"
-            rows.append({
-                "transition_id": tid, "trace_id": f"{i:032x}", "span_id": f"{step:016x}", "trajectory_id": f"{i:032x}",
-                "step": step, "num_steps": len(calls), "agent_name": "solver", "model": "world-policy",
-                "input_messages": [_message(m) for m in messages],
-                "output_message": _message({"role": "assistant", **out}), "tools": json.dumps(world.TOOLS),
-                "reward": r, "return": r, "advantage": r - (1 - mean if invert else mean), "weight": 1 / len(calls),
-                "temperature": 1.0, "schema_version": "1"})
-    return rows
 
 
 @pytest.fixture(scope="module")
-def candidates(tmp_path_factory, world_policy) -> dict:
-    root = tmp_path_factory.mktemp("gate")
-    logged = _logged_episodes(world_policy, EPISODES)
-    write(root / "data", logged)
-    write(root / "inverted", [{**r, "reward": 1 - r["reward"], "return": 1 - r["return"], "advantage": -r["advantage"]}
-                              for r in logged])
-
-    def make(name: str, data: str, **kw) -> str:
-        cfg = TrainConfig()
-        apply(cfg, {**dict(data=str(root / data), base_model=str(world_policy), output=str(root / name),
-                            served_model_name="world-policy", epochs=4, batch_size=16, eval_fraction=0.25,
-                            tensorboard=False, learning_rate=5e-3), **kw}, "test")
-        return train(cfg, progress=False).path
-
-    out = {
-        "root": root,
-        "success": sum(r["reward"] for r in logged if r["step"] == 0) / EPISODES,
-        "good": make("good", "data", algorithm="sft", sft={"threshold": 0.5}),
-        "inverted": make("inverted", "inverted", algorithm="sft", sft={"threshold": 0.5}),
-        "wrecked": make("wrecked", "data", algorithm="sft", sft={"threshold": 0.5}, learning_rate=0.3),
-    }
-    return out
+def candidates(world_candidates) -> dict:
+    return world_candidates
 
 
 def _gate(candidates, which: str):

@@ -84,6 +84,19 @@ def start_server(model: Path, served_name: str, logs: Path, max_lora_rank: int =
     return Service(proc, url, log)
 
 
+def start_route(upstream: Service, logs: Path, state: Path) -> Service:
+    """`nightshift route` in front of the model server: the agents' base URL points
+    here, and canaries get their share of the conversations (off until a route is set)."""
+    port = free_port()
+    log = logs / "route.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nightshift.cli", "route", "--listen", f"127.0.0.1:{port}", "--upstream", upstream.url,
+         "--state", str(state)], stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    _wait(f"{url}/healthz", proc, "the routing proxy", log)
+    return Service(proc, url, log)
+
+
 def agent_python(venv: Path) -> Path:
     """The agent's own virtualenv (openai + OpenTelemetry instrumentation, pinned in
     requirements.txt; nothing of Nightshift), created on first use."""
