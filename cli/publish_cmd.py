@@ -119,8 +119,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
     try:
         stats = by_version(_data(args), args.since or "", args.min_trajectories, checkpoints=args.checkpoints)
-    except (FileNotFoundError, OSError) as e:
-        print(f"nightshift versions: no transitions under {_data(args)}: {e}", file=sys.stderr)
+    except (FileNotFoundError, OSError) as e:  # versions.NoTransitions says what to run
+        print(f"nightshift versions: {e}", file=sys.stderr)
         return 1
     print("\n".join(lines(stats, args.min_trajectories)))
     return 0
@@ -138,7 +138,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args))
     try:
         verdict, out = watch(_data(args), args.checkpoints, n, n.watch, n.canary, act=not args.dry_run)
-    except (PublishError, VLLMError, RouteError) as e:
+    except (PublishError, VLLMError, RouteError, FileNotFoundError) as e:
         print(f"nightshift watch: {e}", file=sys.stderr)
         return 1
     print("\n".join(out))

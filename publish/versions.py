@@ -68,14 +68,23 @@ WEEK_HOURS = 168
 VERSION_NAME = re.compile(r"^v\d+$")  # what `transform.calls.policy_version` writes
 
 
+class NoTransitions(FileNotFoundError):
+    """Nothing built yet under the data root: said, never a traceback."""
+
+
 def calls(data: str, since: str = "", storage_options: dict | None = None) -> pl.DataFrame:
     """The columns of the transitions dataset this module reads, one scan, one row per call."""
     tr = pl.scan_parquet(f"{data.rstrip('/')}/transitions/**/*.parquet", hive_partitioning=True,
                          storage_options=storage_options or None, missing_columns="insert")
     if since:
         tr = tr.filter(pl.col("start_time") >= pl.lit(since).str.to_datetime(time_zone="UTC"))
-    return tr.select("trajectory_id", "step", "agent_name", "policy_version", "reward", "start_time",
-                     pl.coalesce("response_model", "model").alias("served_as")).collect()
+    try:
+        return tr.select("trajectory_id", "step", "agent_name", "policy_version", "reward", "start_time",
+                         pl.coalesce("response_model", "model").alias("served_as")).collect()
+    except (FileNotFoundError, pl.exceptions.ComputeError) as e:
+        if "expanded paths were empty" in str(e) or isinstance(e, FileNotFoundError):
+            raise NoTransitions(f"no transitions under {data} yet (run `nightshift build`)") from None
+        raise
 
 
 def trajectory_rewards(rows: pl.DataFrame) -> pl.DataFrame:

@@ -55,7 +55,7 @@ from nightshift.settings import setting
 from . import canary as canaries
 from . import registry
 from .publish import rollback
-from .versions import BASE, calls, trajectory_rewards
+from .versions import BASE, NoTransitions, calls, trajectory_rewards
 
 log = logging.getLogger("nightshift.publish.watch")
 
@@ -187,7 +187,10 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
         return None, [f"nothing to compare: {settings.name!r} on {settings.vllm_url} has "
                       f"{'no publication' if now_entry is None else 'one version only'} (see {checkpoints}/published.json)"]
     cand, base = now_entry["version"], before["version"]
-    trajectories = trajectory_rewards(calls(data))
+    try:
+        trajectories = trajectory_rewards(calls(data))
+    except NoTransitions as e:
+        return None, [f"watch: nothing to judge {cand} by: {e}"]
     v = judge(rewards_of(trajectories, base), rewards_of(trajectories, cand), alpha=w.alpha, tau=w.tau,
               min_trajectories=w.min_trajectories, names=(base, cand))
     out = [f"watch: {cand} (serving) against {base}: {v.decision}: {v.why}"]
@@ -227,7 +230,10 @@ def _watch_canary(data: str, checkpoints: str, settings, w: WatchSettings, c: ca
     if base == cand:  # promoted by a run that died before it closed the canary: finish the job
         v = Verdict("better", cand, base, 0, 0, None, 1.0, f"{cand} already serves: its canary is closed")
         return v, canaries.promote(trial, checkpoints, settings, c, v.why, **publish_kw) if act else [v.why]
-    trajectories = trajectory_rewards(calls(data))
+    try:
+        trajectories = trajectory_rewards(calls(data))
+    except NoTransitions as e:
+        return None, [f"watch: nothing to judge canary {cand} by: {e}"]
     # side by side over the same hours: the serving arm's trajectories from the canary's start on
     v = judge(rewards_of(trajectories, base, started), rewards_of(trajectories, cand), alpha=w.alpha, tau=w.tau,
               min_trajectories=w.min_trajectories, names=(base, cand))

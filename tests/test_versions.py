@@ -318,3 +318,19 @@ def test_the_report_plots_reward_by_version_marking_rollbacks_and_too_few(tmp_pa
     # no transitions yet: the panel says so, nothing raises
     empty, _ = report.write({"run_id": "r0", "outcome": "x"}, [], str(tmp_path / "none"), tmp_path / "r0")
     assert "## Reward by version" not in empty.read_text()
+
+
+def test_nothing_built_yet_is_said_not_a_traceback(tmp_path):
+    ck = tmp_path / "ck"
+    registry.append(str(ck), {"version": "v0001", "name": "agent@v0001", "endpoint": "http://127.0.0.1:9",
+                              "mode": "lora", "path": "/x", "checkpoint": str(ck / "v0001")})
+    registry.append(str(ck), {"version": "v0002", "name": "agent@v0002", "endpoint": "http://127.0.0.1:9",
+                              "mode": "lora", "path": "/y", "checkpoint": str(ck / "v0002")})
+    for args in (["versions", "--data", str(tmp_path / "data")],
+                 ["watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), "--vllm-url",
+                  "http://127.0.0.1:9", "--name", "agent"]):
+        p = subprocess.run([sys.executable, "-m", "nightshift.cli", *args], capture_output=True, text=True, timeout=120)
+        assert "Traceback" not in p.stderr, p.stderr
+        assert "no transitions under" in p.stdout + p.stderr and "nightshift build" in p.stdout + p.stderr
+    assert p.returncode == 0 and "nothing to judge v0002 by" in p.stdout  # the watch waits; nothing rolled back
+    assert registry.current(str(ck))["version"] == "v0002"
