@@ -22,10 +22,10 @@ from traces import Trace, genai_call, write_spans
 from transitions_data import row, write
 
 
-def _spans(data: Path, n: int = 24) -> None:
+def _spans(data: Path, n: int = 24, prefix: str = "night") -> None:
     traces = []
     for i in range(n):
-        t = Trace(f"night{i}")
+        t = Trace(f"{prefix}{i}")
         root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
                       start=0, end=10)
         good = i % 2 == 0
@@ -83,6 +83,58 @@ def test_nightly_builds_trains_gates_publishes_and_reports(tmp_path, tiny_model,
     assert sorted(p.name for p in (tmp_path / "ck").glob("v*")) == ["v0001"]
     history = (tmp_path / "ck" / ".nightly" / "runs.jsonl").read_text().splitlines()
     assert len(history) == 2
+
+
+def test_a_canary_night_then_a_night_that_waits_for_it_then_its_promotion(tmp_path, tiny_model, serve_factory):
+    import datetime as dt
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "agent_world"))
+    import loop
+
+    from nightshift.route.client import RouteClient
+
+    s = serve_factory().start()
+    (tmp_path / "logs").mkdir()
+    proxy = loop.start_route(s, tmp_path / "logs", tmp_path / "routes.json")
+    try:
+        _spans(tmp_path / "data")
+        cfg = _config(tmp_path, tiny_model, s.url, stable_name="agent-live",
+                      canary={"share": 0.3, "route_url": proxy.url})
+        p = nightly(cfg)
+        assert p.returncode == 0 and "published v0001 as a canary (30 % of conversations)" in p.stdout, p.stdout + p.stderr
+        route = RouteClient(proxy.url).get("agent-live")
+        assert (route["serving"], route["candidate"], route["share"]) == ("tiny", "agent@v0001", 0.3)
+        assert "agent@v0001" in s.models() and "agent-live" not in s.models()  # beside the base, not instead
+        assert registry.current(str(tmp_path / "ck")) is None  # a canary is not what serves
+        trial = registry.canary(registry.read(str(tmp_path / "ck")), s.url, "agent")
+        assert (trial["version"], trial["serving"], trial["serving_name"]) == ("v0001", "base", "tiny")
+
+        # the next night: new spans, but the canary is undecided: no second experiment on top of it
+        _spans(tmp_path / "data", prefix="second")
+        p = nightly(cfg)
+        assert p.returncode == 0 and "canary v0001 is still being judged" in p.stdout, p.stdout + p.stderr
+        assert sorted(d.name for d in (tmp_path / "ck").glob("v*")) == ["v0001"]
+        state = json.loads((tmp_path / "ck" / ".nightly" / "state.json").read_text())
+        assert any("watch: canary v0001" in line and "too_few" in line for line in state["watch"]), state["watch"]
+
+        # production says it is better: the watch (on its own schedule here) promotes it
+        start = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=1)
+        rows = []
+        for i in range(40):
+            when = start + dt.timedelta(seconds=i)
+            rows.append({**row(f"q{i}", "a", 1.0 if i % 10 else 0.0, trajectory=f"c{i:031d}", when=when),
+                         "policy_version": "v0001"})
+            rows.append({**row(f"q{i}", "b", 1.0 if i % 10 < 3 else 0.0, trajectory=f"b{i:031d}", when=when),
+                         "policy_version": None})
+        write(tmp_path / "data", rows, date=(start + dt.timedelta(days=1)).date().isoformat(), name="production.parquet")
+        w = subprocess.run([sys.executable, "-m", "nightshift.cli", "watch", "--config", str(cfg), "--data",
+                            str(tmp_path / "data"), "--checkpoints", str(tmp_path / "ck")],
+                           capture_output=True, text=True, timeout=300)
+        assert w.returncode == 0 and "canary promoted: v0001" in w.stdout, w.stdout + w.stderr
+        assert "agent-live" in s.models() and RouteClient(proxy.url).get("agent-live") is None
+        assert registry.current(str(tmp_path / "ck"))["version"] == "v0001"
+    finally:
+        proxy.stop()
 
 
 @pytest.mark.parametrize("stage", ["build", "train", "gate", "publish"])
