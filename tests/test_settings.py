@@ -315,12 +315,13 @@ def test_publish_flags_are_made_from_the_one_declaration_and_read_like_any_setti
 def _every_config():
     from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import PublishSettings
+    from nightshift.route.config import RouteConfig
     from nightshift.serve.config import ServeConfig
     from nightshift.trainer.config import TrainConfig
     from nightshift.transform.config import TransformConfig
 
     return [(CollectorConfig, "collector"), (TransformConfig, "transform"), (TrainConfig, "train"),
-            (NightlyConfig, "nightly"), (PublishSettings, "publish"), (ServeConfig, "serve")]
+            (NightlyConfig, "nightly"), (PublishSettings, "publish"), (ServeConfig, "serve"), (RouteConfig, "route")]
 
 
 def test_every_setting_of_every_stage_is_declared_with_its_documentation():
@@ -428,6 +429,11 @@ def test_a_value_out_of_its_declared_range_names_setting_value_and_source(tmp_pa
     ("serve", {"NIGHTSHIFT_SERVE_MODEL": "/m", "NIGHTSHIFT_SERVE_MAX_LORA_RANK": "24"},
      r"serve\.max_lora_rank\): must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512, got 24"),
     ("serve", {}, r"^serve\.model: required"),
+    ("route", {"NIGHTSHIFT_ROUTE_UPSTREAM": "vllm:8000"}, r"route\.upstream\): 'vllm:8000' is not of the form http\(s\)://HOST:PORT"),
+    ("route", {"NIGHTSHIFT_ROUTE_MISSING_TTL": "-1"}, r"route\.missing_ttl\): not a number or duration: '-1'|must be in"),
+    ("nightly", {"NIGHTSHIFT_NIGHTLY_CANARY_SHARE": "0.2"}, r"^nightly\.canary\.route_url: canary\.share > 0 needs"),
+    ("nightly", {"NIGHTSHIFT_NIGHTLY_CANARY_SHARE": "1"}, r"nightly\.canary\.share\): must be in \[0, 1\), got 1\.0"),
+    ("nightly", {"NIGHTSHIFT_NIGHTLY_WATCH_ALPHA": "0"}, r"nightly\.watch\.alpha\): must be in \(0, 1\), got 0\.0"),
 ])
 def test_every_stage_checks_its_values_one_way(section, env, expect):
     cls = dict((s, c) for c, s in _every_config())[section]
