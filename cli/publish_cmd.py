@@ -180,11 +180,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
-NIGHTLY_DESC = """The scheduled job: build the new transitions (from the last run's date), train a
-new version (continuing the serving adapter), compare it with the serving one on
-held-out transitions (and your evaluation command), publish it if it is not
-worse, and write a report (Markdown + a PNG plot across runs) under
-<checkpoints>/reports/.
+NIGHTLY_DESC = """The scheduled job: build the new transitions (from the last run's date), watch
+what production says of the versions it served (roll back a worse one; stop or
+promote a canary), train a new version (continuing the serving adapter), compare
+it with the serving one on held-out transitions (and your evaluation command),
+publish it if it is not worse (to all traffic, or as a canary through
+`nightshift route`), and write a report (Markdown + a PNG plot across runs)
+under <checkpoints>/reports/.
 
 A lock keeps two runs apart; a state file (<checkpoints>/.nightly/state.json)
 lets a run that died at any stage be resumed by the next invocation, and
@@ -208,7 +210,9 @@ NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, tra
     name: support-agent
     stable_name: support-agent
     keep: 3
-    gate: {metric: adv_weighted_logp, margin: 0.0, command: "python eval.py"}
+    gate: {ranking_confidence: 0.95, validity_margin: 0.05, command: "python eval.py"}
+    watch: {alpha: 0.01, min_trajectories: 30, margin: 0.05}
+    canary: {share: 0.1, route_url: http://127.0.0.1:8100}   # off (share 0) by default
 
 cron:      15 2 * * *  nightshift nightly --config /etc/nightshift/nightshift.yaml
 systemd, Kubernetes: see recipes/ in the repository."""
