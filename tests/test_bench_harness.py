@@ -15,7 +15,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 #: The scripts moved onto the harness (issue 17).
-SCRIPTS = ("ingest", "transform", "train_gpu", "publish", "learning", "peer_agl", "peer_phoenix")
+SCRIPTS = ("ingest", "transform", "train_gpu", "publish", "learning", "peer_agl", "peer_phoenix", "route")
 
 
 def _load(name: str):
@@ -184,6 +184,32 @@ def test_templates_get_fresh_ids_every_send():
     buf = bytearray(a.data)
     first, second = ids(a.fresh(buf)), ids(a.fresh(buf))
     assert len(first) == len(second) == 6 and not first & second
+
+
+def test_route_keeps_its_flags_rank_and_report(monkeypatch):
+    """benchmarks/route.py on the harness: the flags it always had, the rank its
+    percentiles always used (its figures compare with earlier reports), its target
+    through Target and its table through harness.table."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ and the repo first
+    route = _load("route")
+    monkeypatch.setattr(sys, "argv", ["route.py"])
+    assert vars(route.parse_args()) == {"streams": 200, "requests": 8, "rounds": 3, "chunks": 20, "pace": 0.025,
+                                        "stub": None}
+    values = [float(i) for i in range(100, 0, -1)]
+    assert (route.quantile(values, .5), route.quantile(values, .99)) == (51.0, 100.0)
+    assert str(route.T_OVERHEAD) == "target < 2 ms"
+    assert route.T_OVERHEAD.met(1.99) and not route.T_OVERHEAD.met(2.0)
+
+    m = route.Measured(direct=[(0.010, 0.500)] * 10, proxied=[(0.011, 0.503)] * 10, direct_s=1.0, proxied_s=2.0,
+                       proxy_cpu=0.02, others=0.0, proxy_rss_mib=40.0)
+    args = argparse.Namespace(streams=10, requests=1, rounds=1, chunks=20, pace=0.025)
+    lines = route.report(["title"], args, m)
+    assert lines[0] == "title" and lines[1].startswith("load: 10 concurrent streams x 1 requests x 1 round(s)")
+    assert lines[2].split() == ["TTFB", "p50", "TTFB", "p99", "total", "p50", "total", "p99", "req/s"]
+    assert lines[3].split() == ["direct", "10.00", "ms", "10.00", "ms", "500.00", "ms", "500.00", "ms", "10"]
+    assert lines[4].split() == ["proxied", "11.00", "ms", "11.00", "ms", "503.00", "ms", "503.00", "ms", "5"]
+    assert len({len(x) for x in lines[2:5]}) == 1  # one column grid
+    assert lines[-1] == "  p99 overhead at 10 streams: 3.00 ms (target < 2 ms: [NOT met])"
 
 
 # --------------------------------------------------------------------------------------
