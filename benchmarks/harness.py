@@ -109,7 +109,8 @@ def busy_cores(seconds: float = 1.0) -> float:
     b0, t0 = machine_busy()
     time.sleep(seconds)
     b1, t1 = machine_busy()
-    return (b1 - b0) / (t1 - t0) * ncpu if t1 > t0 else 0.0
+    # /proc/stat's ticks are whole; their float differences can come out a hair below 0
+    return max(0.0, (b1 - b0) / (t1 - t0) * ncpu) if t1 > t0 else 0.0
 
 
 def git_commit() -> str:
