@@ -142,7 +142,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         print(f"nightshift watch: {e}", file=sys.stderr)
         return 1
     print("\n".join(out))
-    return 3 if verdict is not None and verdict.decision == "worse" and not args.dry_run else 0
+    return 3 if verdict is not None and verdict.action in ("rolled back", "canary stopped") else 0
 
 
 WATCH_DESC = """Judge what production says of the versions it served, by an always-valid

@@ -90,6 +90,7 @@ class Verdict:
     why: str
     low: float | None = None  # the always-valid confidence sequence of `diff` at 1 - alpha
     high: float | None = None
+    action: str = ""  # what the watch did about it: "rolled back", "canary stopped", "promoted", ...
 
 
 def msprt(a: list[float], b: list[float], tau: float = 0.1) -> tuple[float, float, float]:
@@ -155,11 +156,12 @@ def serving_and_before(checkpoints: str, endpoint: str, name: str,
     return now, before
 
 
-def _record(checkpoints: str, v: Verdict, alpha: float, **extra) -> None:
+def _record(checkpoints: str, v: Verdict, alpha: float, action: str, **extra) -> None:
+    v.action = action
     entry = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "kind": "watch",
              "candidate": v.candidate, "baseline": v.baseline, "decision": v.decision, "diff": v.diff,
              "low": v.low, "high": v.high, "p_value": v.p_value, "n_candidate": v.n_candidate,
-             "n_baseline": v.n_baseline, "alpha": alpha, "why": v.why, **extra}
+             "n_baseline": v.n_baseline, "alpha": alpha, "why": v.why, "action": action, **extra}
     with open(f"{checkpoints.rstrip('/')}/gate-log.jsonl", "a") as f:
         f.write(json.dumps(entry) + "\n")
 
@@ -183,10 +185,11 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
         return _watch_canary(data, checkpoints, settings, w, canary or canaries.CanarySettings(), trial, act,
                              now or dt.datetime.now(dt.timezone.utc), publish_kw)
     now_entry, before = serving_and_before(checkpoints, settings.vllm_url, settings.name)
-    if now_entry is None or before is None:
-        return None, [f"nothing to compare: {settings.name!r} on {settings.vllm_url} has "
-                      f"{'no publication' if now_entry is None else 'one version only'} (see {checkpoints}/published.json)"]
-    cand, base = now_entry["version"], before["version"]
+    if now_entry is None:
+        return None, [f"nothing to compare: {settings.name!r} on {settings.vllm_url} has no publication "
+                      f"(see {checkpoints}/published.json)"]
+    # the first version replaced the base model: judged against the base's calls
+    cand, base = now_entry["version"], before["version"] if before else BASE
     try:
         trajectories = trajectory_rewards(calls(data))
     except NoTransitions as e:
@@ -196,6 +199,12 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
     out = [f"watch: {cand} (serving) against {base}: {v.decision}: {v.why}"]
     log.warning("watch: %s against %s: %s (%s)", cand, base, v.decision, v.why)
     rolled = None
+    if v.decision == "worse" and before is None:
+        # a LoRA server has no adapter that is the base: the stable name cannot go back to it
+        out.append(f"  {cand} stays: the base model cannot be served under the stable name; a first version "
+                   "is best judged as a canary (nightly.canary.share) before it takes all traffic")
+        _record(checkpoints, v, w.alpha, rolled_back_to=None, action="kept: nothing published before it")
+        return v, out
     if v.decision == "worse" and act:
         kw = {**settings.kwargs(), **publish_kw}
         kw.pop("mode")

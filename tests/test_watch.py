@@ -166,3 +166,23 @@ def test_the_watch_rolls_a_worse_version_back_and_records_why(tmp_path, serve_fa
     # the next look compares v0001 (serving again) with v0002: better, nothing more to roll back
     again = ns("watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), *flags)
     assert again.returncode == 0 and "v0001 (serving) against v0002: better" in again.stdout
+
+
+def test_a_first_version_worse_than_the_base_is_said_and_kept_not_unserved(tmp_path):
+    ck = tmp_path / "ck"
+    registry.append(str(ck), {"version": "v0001", "name": "agent@v0001", "endpoint": "http://127.0.0.1:9",
+                              "mode": "lora", "path": "/x", "checkpoint": str(ck / "v0001")})
+    rng = random.Random(5)
+    rows = []
+    for i in range(120):
+        rows += _traj(None, 1.0 if rng.random() < 0.8 else 0.0, i)  # the base, before v0001
+        rows += _traj("v0001", 1.0 if rng.random() < 0.3 else 0.0, 1000 + i)
+    write(tmp_path / "data", rows)
+    p = ns("watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), "--vllm-url", "http://127.0.0.1:9",
+           "--name", "agent")
+    assert p.returncode == 0, p.stdout + p.stderr  # nothing rolled back: exit 0, not 3
+    assert "v0001 (serving) against base: worse" in p.stdout and "v0001 stays" in p.stdout and "canary" in p.stdout
+    decision = json.loads((ck / "gate-log.jsonl").read_text().splitlines()[-1])
+    assert (decision["decision"], decision["action"], decision["baseline"]) == ("worse", "kept: nothing published "
+                                                                                  "before it", "base")
+    assert registry.current(str(ck))["version"] == "v0001"
