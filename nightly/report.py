@@ -49,7 +49,7 @@ def rolled_back(checkpoints: str | None) -> dict[str, str]:
 
         for e in registry.read(checkpoints):
             if e.get("rollback_of"):
-                out[str(e["rollback_of"])] = f"rolled back to {e.get('version')}"
+                out[str(e["rollback_of"])] = f"rolled back: to {e.get('version')}"
     except (OSError, ValueError):
         pass
     log = Path(checkpoints) / "gate-log.jsonl"
@@ -61,7 +61,8 @@ def rolled_back(checkpoints: str | None) -> dict[str, str]:
                 continue
             if isinstance(e, dict) and e.get("kind") == "watch" and e.get("rolled_back_to"):
                 p = e.get("p_value")
-                out[str(e.get("candidate"))] = "watch" + (f", p {p:.2g}" if isinstance(p, (int, float)) else "")
+                what = "canary stopped" if e.get("canary") else "rolled back"
+                out[str(e.get("candidate"))] = f"{what}: watch" + (f", p {p:.2g}" if isinstance(p, (int, float)) else "")
     return out
 
 
@@ -110,7 +111,7 @@ def _plot_versions(ax, stats, rolled: dict[str, str]) -> None:
     for r in rows:
         label = f"{r.label}\n{r.rated:,} rated"
         if r.version in rolled:
-            label += "\nrolled back"
+            label += "\n" + rolled[r.version].split(":")[0]  # rolled back / canary stopped
         elif any(t.startswith(("unknown", "malformed")) for t in r.tags):
             label += "\n(unknown)"
         labels.append(label)
@@ -174,7 +175,8 @@ def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None 
         ax2.tick_params(axis="x", rotation=30, labelsize=8)
     else:
         ax2.text(0.5, 0.5, "no gated candidates yet", ha="center", va="center", transform=ax2.transAxes)
-    ax2.set_title("held-out score per nightly run (higher is better for adv_weighted_logp)")
+    ax2.set_title(f"the gate's held-out score per nightly run ({runs[-1].get('metric', 'metric') if runs else 'metric'}, "
+                  "higher is better)")
     _plot_versions(ax3, versions if versions is not None else _versions(data, checkpoints), rolled_back(checkpoints))
     fig.savefig(path, dpi=110)
     plt.close(fig)

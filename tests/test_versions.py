@@ -300,7 +300,7 @@ def test_the_report_plots_reward_by_version_marking_rollbacks_and_too_few(tmp_pa
     (ck / "gate-log.jsonl").write_text(json.dumps({"kind": "gate", "candidate": "v0003"}) + "\n" + json.dumps(
         {"kind": "watch", "candidate": "v0002", "baseline": "v0001", "decision": "worse", "p_value": 0.003,
          "rolled_back_to": "v0001"}) + "\n")
-    assert report.rolled_back(str(ck)) == {"v0002": "watch, p 0.003"}
+    assert report.rolled_back(str(ck)) == {"v0002": "rolled back: watch, p 0.003"}
     stats = by_version(str(tmp_path / "data"), checkpoints=str(ck))
     fig, ax = plt.subplots()
     report._plot_versions(ax, stats, report.rolled_back(str(ck)))
