@@ -48,9 +48,11 @@ import logging
 import math
 from dataclasses import dataclass
 
+import fsspec
 import polars as pl
 
 from nightshift.settings import setting
+from nightshift.trainer.checkpoint import MANIFEST
 
 from . import canary as canaries
 from . import registry
@@ -166,6 +168,14 @@ def _record(checkpoints: str, v: Verdict, alpha: float, action: str, **extra) ->
         f.write(json.dumps(entry) + "\n")
 
 
+def _exists(checkpoint: str) -> bool:
+    try:
+        fs, path = fsspec.core.url_to_fs(f"{checkpoint.rstrip('/')}/{MANIFEST}")
+        return bool(checkpoint) and fs.exists(path)
+    except Exception:  # noqa: BLE001 - a store that cannot be asked: try the promotion, which says why it fails
+        return True
+
+
 def _time(text: str) -> dt.datetime:
     t = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
@@ -243,9 +253,11 @@ def _watch_canary(data: str, checkpoints: str, settings, w: WatchSettings, c: ca
         trajectories = trajectory_rewards(calls(data))
     except NoTransitions as e:
         return None, [f"watch: nothing to judge canary {cand} by: {e}"]
-    # side by side over the same hours: the serving arm's trajectories from the canary's start on
-    v = judge(rewards_of(trajectories, base, started), rewards_of(trajectories, cand), alpha=w.alpha, tau=w.tau,
-              min_trajectories=w.min_trajectories, names=(base, cand))
+    # side by side over the same hours: the serving arm's trajectories from the canary's first call on, by
+    # the agents' own clock (the one both arms' calls are stamped with), not this machine's, which may be skewed
+    first = trajectories.filter(pl.col("version") == cand)["start"].min()
+    v = judge(rewards_of(trajectories, base, first if first is not None else started), rewards_of(trajectories, cand),
+              alpha=w.alpha, tau=w.tau, min_trajectories=w.min_trajectories, names=(base, cand))
     share = 100 * float(trial.get("share") or 0)
     out = [f"watch: canary {cand} ({share:.0f} % of conversations, {hours:.1f} h) against {base}: {v.decision}: {v.why}"]
     log.warning("watch: canary %s against %s after %.1f h: %s (%s)", cand, base, hours, v.decision, v.why)
@@ -258,6 +270,9 @@ def _watch_canary(data: str, checkpoints: str, settings, w: WatchSettings, c: ca
                  "conversation")
     if action is None:
         return v, out
+    if act and action == "promote" and not _exists(trial.get("checkpoint", "")):
+        action, v.why = "expire", f"{v.why}; but its folder {trial.get('checkpoint')} is gone: it cannot be promoted"
+        out.append(f"  {cand}'s checkpoint folder was deleted: the canary is ended instead of promoted")
     if act:
         if action == "promote":
             out += canaries.promote(trial, checkpoints, settings, c, v.why, **publish_kw)

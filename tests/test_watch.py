@@ -186,3 +186,65 @@ def test_a_first_version_worse_than_the_base_is_said_and_kept_not_unserved(tmp_p
     assert (decision["decision"], decision["action"], decision["baseline"]) == ("worse", "kept: nothing published "
                                                                                   "before it", "base")
     assert registry.current(str(ck))["version"] == "v0001"
+
+
+def _canary_entry(ck: Path, started: dt.datetime, checkpoint: str, route_url: str = "") -> None:
+    registry.append(str(ck), {"version": "v0002", "name": "agent@v0002", "endpoint": "http://127.0.0.1:9",
+                              "mode": "lora", "path": "/x", "checkpoint": checkpoint, "role": "canary", "share": 0.5,
+                              "route": route_url, "serving": "base", "serving_name": "world-policy",
+                              "stable": "agent", "time": started.isoformat()})
+
+
+def _arms(start: dt.datetime, n: int, p_base: float, p_canary: float, seed: int = 11) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        when = start + dt.timedelta(minutes=i)
+        for version, p, k in ((None, p_base, i), ("v0002", p_canary, 5000 + i)):
+            r = row(f"task {k}", "answer", 1.0 if rng.random() < p else 0.0, trajectory=f"{k:032x}", when=when)
+            rows.append({**r, "policy_version": version})
+    return rows
+
+
+def test_a_canary_is_judged_by_the_agents_clock_not_the_publishers(tmp_path):
+    from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.watch import watch
+
+    published = dt.datetime(2026, 11, 20, 15, tzinfo=dt.timezone.utc)
+    _canary_entry(tmp_path / "ck", published, str(tmp_path / "ck" / "v0002"))
+    # the agents' hosts run three hours behind the machine that published the canary
+    write(tmp_path / "data", _arms(published - dt.timedelta(hours=3), 150, 0.3, 0.8))
+    n = NightlyConfig(vllm_url="http://127.0.0.1:9", name="agent", stable_name="agent")
+    v, out = watch(str(tmp_path / "data"), str(tmp_path / "ck"), n, n.watch, n.canary, act=False)
+    assert (v.decision, v.n_baseline, v.n_candidate) == ("better", 150, 150), out
+    assert "would promote" in out[-1]
+
+
+def test_a_canary_whose_folder_was_deleted_is_ended_not_promoted(tmp_path):
+    import types
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "agent_world"))
+    import loop
+
+    from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.watch import watch
+    from nightshift.route.client import RouteClient
+
+    (tmp_path / "logs").mkdir()
+    proxy = loop.start_route(types.SimpleNamespace(url="http://127.0.0.1:9"), tmp_path / "logs", tmp_path / "r.json")
+    try:
+        RouteClient(proxy.url).set("agent", "world-policy", "agent@v0002", 0.5)
+        started = dt.datetime.now(dt.timezone.utc)
+        _canary_entry(tmp_path / "ck", started, str(tmp_path / "ck" / "v0002"), proxy.url)  # no such folder
+        write(tmp_path / "data", _arms(started + dt.timedelta(seconds=5), 150, 0.3, 0.8))
+        n = NightlyConfig(vllm_url="http://127.0.0.1:9", name="agent", stable_name="agent", retries=0, timeout=2)
+        n.canary.route_url = proxy.url
+        v, out = watch(str(tmp_path / "data"), str(tmp_path / "ck"), n, n.watch, n.canary)
+        assert v.decision == "better" and v.action == "canary expired", out
+        assert "folder was deleted" in "\n".join(out)
+        end = registry.read(str(tmp_path / "ck"))[-1]
+        assert (end["role"], end["outcome"]) == ("canary_end", "expired")
+        route = RouteClient(proxy.url).get("agent")
+        assert (route["serving"], route["candidate"]) == ("world-policy", None)  # every conversation on the base
+    finally:
+        proxy.stop()
