@@ -4,6 +4,7 @@ night, and does its gate stop the nights that would make it worse?
 
     python benchmarks/learning.py [--nights 2] [--seeds 3] [--episodes 200]
                                   [--eval-episodes 200] [--algorithms pg,awr,sft]
+                                  [--canary 0.5] [--drift 0.0,0.8]
 
 1. The agent world's behaviour policy (examples/agent_world: a tiny model built
    offline and taught the world by SFT so that it picks the right tool about
@@ -21,10 +22,20 @@ night, and does its gate stop the nights that would make it worse?
    own published adapter and those calls are logged (a mixture of behaviour
    policies: the trainer recomputes μ per version).
 
+Production's verdict: every night's `nightshift nightly` runs the watch after its
+build. With --canary SHARE the lineages publish each candidate as a canary through
+one `nightshift route` in front of the server (their agents ask for the stable
+name through it), and the watch stops or promotes it; without, a publish moves
+all traffic and the watch rolls a worse version back. --drift A,B sets the
+world's task mix (the share of colour questions): A for night 1's logs, B for
+every later night's traffic and scoring. Traffic that moves away from what the
+logs held is what an offline gate cannot see: with 0.0,0.8 a candidate trained
+on arithmetic-only logs passes the gate and is worse on colour-heavy traffic.
+
 Controls in the same run: the behaviour policy scored on the same episodes (its
 spread over seeds). Printed: success per night, mean ± sd over seeds, the gate's
-decisions and their confusion with the measured outcome, and the issue's
-targets as met / NOT met.
+decisions and their confusion with the measured outcome, the watch's decisions,
+reward by version per lineage, and the targets as met / NOT met.
 """
 
 from __future__ import annotations
@@ -86,10 +97,13 @@ def nightly(cfg: Path, logs: Path) -> dict:
     gate = state.get("gate") or {}
     decisive = [c["passed"] for c in (gate.get("checks") or {}).values() if c.get("decisive")]
     command = gate.get("command") or {}
-    return {"gate": "PASSED" if gate.get("passed") else "BLOCKED", "version": state.get("version"),
+    trained = bool(state.get("version"))  # no candidate: nothing new, or a canary still being judged
+    return {"gate": ("PASSED" if gate.get("passed") else "BLOCKED") if trained else None,
+            "version": state.get("version"), "outcome": state.get("outcome") or "",
+            "watch": state.get("watch") or [],
             "lines": state.get("gate_lines") or [],
             # the default gate's own verdict (its offline checks), and the world checker's (gate.command)
-            "offline": "PASSED" if gate and all(decisive) else "BLOCKED",
+            "offline": ("PASSED" if gate and all(decisive) else "BLOCKED") if trained else None,
             "checker": ("PASSED" if command.get("passed") else "BLOCKED") if command else None,
             "checker_result": command.get("result")}
 
@@ -104,7 +118,23 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--check-episodes", type=int, default=100,
                     help="fresh tasks the world's checker plays per candidate as the gate's command (0: offline checks only)")
     ap.add_argument("--keep", default="", help="keep the work folder here")
-    return ap.parse_args()
+    ap.add_argument("--canary", type=float, default=0.0, metavar="SHARE",
+                    help="publish each candidate as a canary to this share of conversations through nightshift route "
+                         "(0: a publish moves all traffic)")
+    ap.add_argument("--drift", default="0.5,0.5", metavar="A,B",
+                    help="share of colour questions in night 1's logs (A) and in later nights' traffic and scoring (B)")
+    args = ap.parse_args()
+    args.drift = tuple(float(x) for x in args.drift.split(","))
+    if len(args.drift) != 2 or not all(0 <= x <= 1 for x in args.drift) or not 0 <= args.canary < 1:
+        ap.error("--drift takes two shares in [0, 1], --canary a share in [0, 1)")
+    return args
+
+
+def mix(args: argparse.Namespace, night: int) -> float:
+    """The share of colour questions on `night`: night 1's logs, then the drifted
+    traffic. A model published on night k serves night k + 1's traffic, so that is
+    what candidates and what serves are scored on."""
+    return args.drift[0] if night == 1 else args.drift[1]
 
 
 @dataclass
@@ -119,6 +149,7 @@ class World:
     server: loop.Service
     engine: object
     started: float  # time.time() when the server started: the run's seconds count from here
+    route: loop.Service | None = None  # with --canary: the agents reach the server through it
 
 
 @dataclass
@@ -130,6 +161,8 @@ class Nights:
     success: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (alg, night) -> per seed
     serving_score: dict[tuple[str, int], float] = field(default_factory=dict)  # (alg, seed) -> what serves now, scored
     decisions: list[dict] = field(default_factory=list)
+    root: Path = Path(".")  # the work folder: each lineage's data, checkpoints and report
+    watch: list[dict] = field(default_factory=list)  # every decision the watch took, with the gate's on that version
 
 
 def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int]) -> World:
@@ -146,7 +179,8 @@ def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int
     logs.mkdir(exist_ok=True)
     started = time.time()
     server = loop.start_server(model, "world-policy", logs, max_loras=4 * len(algorithms) * len(seeds) + 4)
-    return World(model, python, root, logs, server, Engine(str(model), "world-policy"), started)
+    route = loop.start_route(server, logs, root / "routes.json") if args.canary else None
+    return World(model, python, root, logs, server, Engine(str(model), "world-policy"), started, route)
 
 
 def first_night_logs(w: World, args: argparse.Namespace) -> tuple[Path, float]:
@@ -155,7 +189,8 @@ def first_night_logs(w: World, args: argparse.Namespace) -> tuple[Path, float]:
     first = w.root / "night1-logs"
     collector = loop.start_collector(first, w.logs)
     try:
-        results = loop.run_agent(w.python, collector, w.server, "world-policy", args.episodes, seed=1, logs=w.logs)
+        results = loop.run_agent(w.python, collector, w.server, "world-policy", args.episodes, seed=1, logs=w.logs,
+                                 colour_share=mix(args, 1))
         loop.post_feedback(collector, results)
     finally:
         collector.stop()
@@ -172,41 +207,88 @@ def lineage_night(w: World, args: argparse.Namespace, n: Nights, first: Path, ni
             if (first / part).exists():
                 shutil.copytree(first / part, data / part)
     else:
-        published = (data / "checkpoints" / "published.json").exists()
         collector = loop.start_collector(data, w.logs)
         try:
-            res = loop.run_agent(w.python, collector, w.server, name if published else "world-policy",
-                                 args.episodes, seed=100 * night + s, logs=w.logs)
+            res = loop.run_agent(w.python, collector, w.route or w.server, _agent_model(w, data, name),
+                                 args.episodes, seed=100 * night + s, logs=w.logs, colour_share=mix(args, night))
             loop.post_feedback(collector, res)
         finally:
             collector.stop()
+    canary = {"canary": {"share": args.canary, "route_url": w.route.url}} if w.route else {}
     cfg = loop.nightly_config(data / "nightly.yaml", data, w.model, data / "checkpoints", w.server, name=name,
-                              nightly={"train_window_days": 3650}, seed=s,
+                              nightly={"train_window_days": 3650, **canary}, seed=s,
                               checker_episodes=args.check_episodes,
                               **{**SETTINGS[alg], "algorithm": alg})
     # what serves before tonight, on tonight's episodes (scored before the nightly can move it)
+    serving_before = _serving_path(data)
     before = n.serving_score[(alg, s)] if night == 1 else evaluate.score(
-        str(w.model), _serving_path(data), args.eval_episodes, seed=1000 * night + s, engine=w.engine).rate
+        str(w.model), serving_before, args.eval_episodes, seed=1000 * night + s, engine=w.engine,
+        colour_share=mix(args, night + 1)).rate
     log(f"night {night}: {name}: nightshift nightly")
     d = nightly(cfg, w.logs)
     rate = float("nan")
     if d["version"]:
         rate = evaluate.score(str(w.model), str(data / "checkpoints" / d["version"]), args.eval_episodes,
-                              seed=1000 * night + s, engine=w.engine).rate
+                              seed=1000 * night + s, engine=w.engine, colour_share=mix(args, night + 1)).rate
     d.update(night=night, alg=alg, seed=s, candidate=rate, before=before)
     n.decisions.append(d)
-    log(f"  gate {d['gate']}: candidate {100 * rate:.1f} % vs serving {100 * before:.1f} %")
-    n.serving_score[(alg, s)] = rate if d["gate"] == "PASSED" else before
+    log(f"  gate {d['gate']}: candidate {100 * rate:.1f} % vs serving {100 * before:.1f} %" if d["version"]
+        else f"  no candidate: {d['outcome']}")
+    for line in d["watch"]:
+        log(f"  {line}")
+    n.watch += _watch_decisions(data, name, night, n.decisions, n.watch)
+    # what serves now (the registry's word: a canary serves only its share), scored on tonight's episodes
+    serving_now = _serving_path(data)
+    if serving_now == serving_before:
+        n.serving_score[(alg, s)] = before
+    elif d["version"] and serving_now and serving_now.endswith(d["version"]):
+        n.serving_score[(alg, s)] = rate
+    else:
+        n.serving_score[(alg, s)] = evaluate.score(str(w.model), serving_now, args.eval_episodes,
+                                                   seed=1000 * night + s, engine=w.engine,
+                                                   colour_share=mix(args, night + 1)).rate
     n.success.setdefault((alg, night), []).append(n.serving_score[(alg, s)])
     n.success.setdefault((alg + " (candidates)", night), []).append(rate)
 
 
+def _agent_model(w: World, data: Path, name: str) -> str:
+    """What the lineage's agent asks for: its stable name once something answers to
+    it (a publication, or a route on the proxy), else the base model."""
+    if _serving_path(data):
+        return name
+    if w.route is not None:
+        from nightshift.route.client import RouteClient
+
+        if RouteClient(w.route.url).get(name) is not None:
+            return name
+    return "world-policy"
+
+
+def _watch_decisions(data: Path, name: str, night: int, decisions: list[dict], known: list[dict]) -> list[dict]:
+    """The watch's decisions not in `known` yet (gate-log.jsonl, kind watch), each
+    with what the offline gate had said of that version."""
+    path = data / "checkpoints" / "gate-log.jsonl"
+    seen = {(d["lineage"], d["time"], d["version"]) for d in known}
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        e = json.loads(line)
+        if e.get("kind") != "watch" or (name, e["time"], e["candidate"]) in seen:
+            continue
+        gate = next((d for d in decisions if d.get("version") == e["candidate"] and f"{d['alg']}-s{d['seed']}" == name),
+                    None)
+        out.append({"lineage": name, "night": night, "time": e["time"], "version": e["candidate"],
+                    "against": e["baseline"], "decision": e["decision"], "action": e.get("action", ""),
+                    "diff": e.get("diff"), "low": e.get("low"), "high": e.get("high"),
+                    "offline": gate["offline"] if gate else "?", "gate": gate["gate"] if gate else "?"})
+    return out
+
+
 def run_nights(w: World, args: argparse.Namespace, algorithms: list[str], seeds: list[int]) -> Nights:
-    n = Nights()
+    n = Nights(root=w.root)
     first, n.logged = first_night_logs(w, args)
     for night in range(1, args.nights + 1):
         n.behaviour[night] = [evaluate.score(str(w.model), None, args.eval_episodes, seed=1000 * night + s,
-                                             engine=w.engine).rate for s in seeds]
+                                             engine=w.engine, colour_share=mix(args, night + 1)).rate for s in seeds]
     for alg in algorithms:
         for s in seeds:
             n.serving_score[(alg, s)] = n.behaviour[1][s]
@@ -227,18 +309,36 @@ def main() -> int:
     try:
         n = run_nights(w, args, algorithms, seeds)
     finally:
+        if w.route:
+            w.route.stop()
         w.server.stop()
     print("\n".join(report(head, args, algorithms, seeds, n, time.time() - w.started)), flush=True)
+    if args.keep:
+        print("reports (with the plot of reward by version): "
+              + ", ".join(str(w.root / f"{a}-s{s}" / "checkpoints" / "reports" / "latest.png")
+                          for a in algorithms for s in seeds), flush=True)
     if not args.keep:
         shutil.rmtree(w.root, ignore_errors=True)
     return 0
 
 
+def _versions(data: Path) -> list[str]:
+    from nightshift.publish.versions import NoTransitions, by_version, lines
+
+    try:
+        return lines(by_version(str(data), checkpoints=str(data / "checkpoints")))
+    except NoTransitions as e:
+        return [str(e)]
+
+
 def _serving_path(data: Path) -> str | None:
-    reg = data / "checkpoints" / "published.json"
-    if not reg.exists():
-        return None
-    return json.loads(reg.read_text())["current"]["checkpoint"]
+    """The checkpoint serving the lineage's stable name (canaries do not count), or None: the base."""
+    from nightshift.publish import registry
+
+    for e in reversed(registry.read(str(data / "checkpoints"))):
+        if e.get("role") not in registry.CANARY_ROLES:
+            return e["checkpoint"]
+    return None
 
 
 def report(head: list[str], args: argparse.Namespace, algorithms: list[str], seeds: list[int], n: Nights,
@@ -249,6 +349,12 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
     out.append(f"logged: {args.episodes} episodes per lineage per night (night 1 shared: behaviour policy, "
                f"{100 * n.logged:.1f} % success while logging); scored on {args.eval_episodes} fresh episodes, "
                f"temperature 1, {len(seeds)} seeds")
+    if args.drift[0] != args.drift[1] or args.canary:
+        out.append(f"traffic: {100 * args.drift[0]:.0f} % colour questions in night 1's logs, {100 * args.drift[1]:.0f} % "
+                   "from night 2 on (what each night's model serves, and is scored on); "
+                   + (f"candidates published as canaries to {100 * args.canary:.0f} % of conversations through "
+                      "nightshift route, what serves moves when the watch promotes one" if args.canary
+                      else "a publish moves all traffic"))
     out.append("success % of what serves after each night, mean ± sd over seeds (candidates the gate blocked in brackets)")
     rows = [("behaviour policy", *(fmt(behaviour[k]) for k in nights))]
     for alg in algorithms:
@@ -265,6 +371,9 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
         for k, conf in confs.items():
             if d.get(k):
                 conf[(d[k], better)] += 1
+        if not d["version"]:
+            out.append(f"  night {d['night']} {d['alg']}-s{d['seed']}: no candidate ({d['outcome']})")
+            continue
         cr = d.get("checker_result") or {}
         checked = (f", checker {100 * cr['candidate_success']:.0f} vs {100 * cr['serving_success']:.0f} %"
                    if "candidate_success" in cr else "")
@@ -275,6 +384,19 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
             out.append(f"  confusion ({k}): passed-and-better {conf[('PASSED', 'better')]}, passed-and-worse "
                        f"{conf[('PASSED', 'worse')]}, blocked-and-better {conf[('BLOCKED', 'better')]}, blocked-and-worse "
                        f"{conf[('BLOCKED', 'worse')]}")
+    out.append("production watch (after each night's build: a canary against what serves, or what serves against "
+               "the version before it; interval: the always-valid confidence sequence of the difference)")
+    for e in n.watch:
+        band = (f" [{e['low']:+.3f}, {e['high']:+.3f}]" if e.get("low") is not None else "")
+        diff = f" {e['diff']:+.3f}" if e.get("diff") is not None else ""
+        out.append(f"  night {e['night']} {e['lineage']}: {e['version']} against {e['against']}: {e['decision']}{diff}"
+                   f"{band} -> {e['action'] or '-'} (offline gate had {e['offline']})")
+    if not n.watch:
+        out.append("  no decision: too few rated trajectories, or nothing to compare yet")
+    out.append("reward by version (nightshift versions), per lineage")
+    for alg in algorithms:
+        for s in seeds:
+            out += [f"  {alg}-s{s}:"] + ["    " + x for x in _versions(n.root / f"{alg}-s{s}")]
     conf = confs["offline"]
     out.append("targets:")
     spread = max(base_sd, 0.0)
@@ -291,6 +413,9 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
         beyond = pm - sm > max(psd, ssd)
         out.append(f"  pg >= sft outside the seed spread (night {last}): {100 * pm:.1f} vs {100 * sm:.1f}: {verdict(beyond)}")
     out.append(f"  passed-and-worse = 0, the default gate's offline checks: {verdict(conf[('PASSED', 'worse')] == 0)}")
+    caught = [e for e in n.watch if e["action"] in ("rolled back", "canary stopped") and e["offline"] == "PASSED"]
+    out.append(f"  production rolled back (or stopped) a version the offline gate passed: {len(caught)} "
+               f"({verdict(bool(caught))})")
     if sum(confs["gate"].values()) and args.check_episodes:
         out.append(f"  passed-and-worse = 0, with the world's checker: {verdict(confs['gate'][('PASSED', 'worse')] == 0)}")
     return out

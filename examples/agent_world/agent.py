@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--episodes", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--colour-share", type=float, default=0.5, help="share of colour questions (the rest: arithmetic)")
     args = ap.parse_args()
     client = OpenAI()
     model = os.environ.get("AGENT_MODEL", "gpt-4o-mini")
@@ -58,7 +59,7 @@ def main() -> int:
             for c in (m.tool_calls or [])]}
 
     for i in range(args.episodes):
-        task = world.make_task(rng)
+        task = world.make_task(rng, args.colour_share)
         with tracer.start_as_current_span("invoke_agent solver", attributes={
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"}) as root:
             ep = world.run_episode(task, chat)

@@ -41,7 +41,7 @@ def engine_chat(engine, adapter: str | None, temperature: float = 1.0, seed: int
 
 
 def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, seed: int = 12345,
-          temperature: float = 1.0, engine=None) -> Score:
+          temperature: float = 1.0, engine=None, colour_share: float = 0.5) -> Score:
     from nightshift.serve.engine import Engine
 
     engine = engine or Engine(str(model_dir), "policy")
@@ -53,7 +53,7 @@ def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, s
     rng = random.Random(seed)
     ok = right = 0
     for _ in range(episodes):
-        task = world.make_task(rng)
+        task = world.make_task(rng, colour_share)
         ep = world.run_episode(task, chat)
         ok += ep.success
         right += bool(ep.tools_used) and ep.tools_used[0] == task.right_tool

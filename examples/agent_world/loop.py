@@ -112,8 +112,9 @@ def agent_python(venv: Path) -> Path:
 
 
 def run_agent(python: Path, collector: Service, server: Service, model: str, episodes: int, seed: int,
-              logs: Path) -> list[dict]:
-    """The agent, unmodified, configured by environment only."""
+              logs: Path, colour_share: float = 0.5) -> list[dict]:
+    """The agent, unmodified, configured by environment only (`colour_share`: the
+    world's task mix, which the learning benchmark drifts)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV", "PYTHON"))}
     env.update({
         "PATH": f"{python.parent}{os.pathsep}{env.get('PATH', '')}",
@@ -124,7 +125,7 @@ def run_agent(python: Path, collector: Service, server: Service, model: str, epi
         "OPENAI_BASE_URL": f"{server.url}/v1", "OPENAI_API_KEY": "not-needed", "AGENT_MODEL": model,
     })
     p = subprocess.run([str(python.parent / "opentelemetry-instrument"), str(python), str(HERE / "agent.py"),
-                        "--episodes", str(episodes), "--seed", str(seed)], env=env, cwd=str(HERE),
+                        "--episodes", str(episodes), "--seed", str(seed), "--colour-share", str(colour_share)], env=env, cwd=str(HERE),
                        capture_output=True, text=True, timeout=1800)
     (logs / f"agent-{seed}.log").write_text(p.stderr)
     if p.returncode != 0:

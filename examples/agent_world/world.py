@@ -50,10 +50,12 @@ class Task:
         return "calculator" if self.kind == "arithmetic" else "lookup"
 
 
-def make_task(rng: random.Random) -> Task:
+def make_task(rng: random.Random, colour_share: float = 0.5) -> Task:
+    """A fresh task: a colour question with probability `colour_share`, else
+    arithmetic (the learning benchmark moves it between nights: traffic drifts)."""
     colours = {item: rng.choice(COLOURS) for item in ITEMS}
     misread = rng.choice(NUMBERS)
-    if rng.random() < 0.5:
+    if rng.random() < 1.0 - colour_share:
         while True:  # answers from zero to nine
             a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice("+-*")
             value = a + b if op == "+" else a - b if op == "-" else a * b
