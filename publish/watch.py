@@ -145,12 +145,10 @@ def rewards_of(trajectories: pl.DataFrame, version: str, since: dt.datetime | No
     return mine["reward"].to_list()
 
 
-def serving_and_before(checkpoints: str, endpoint: str, name: str,
-                       storage_options: dict | None = None) -> tuple[dict | None, dict | None]:
+def serving_and_before(entries: list[dict], endpoint: str, name: str) -> tuple[dict | None, dict | None]:
     """The publication serving `name` on `endpoint`, and the one it replaced (a
-    different version), from the registry; canaries are not publications here."""
-    mine = [e for e in registry.lane(registry.read(checkpoints, storage_options), endpoint, name)
-            if e.get("role") not in registry.CANARY_ROLES]
+    different version), from the registry's entries; canaries are not publications here."""
+    mine = [e for e in registry.lane(entries, endpoint, name) if e.get("role") not in registry.CANARY_ROLES]
     if not mine:
         return None, None
     now = mine[-1]
@@ -194,7 +192,7 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
     if trial is not None:
         return _watch_canary(data, checkpoints, settings, w, canary or canaries.CanarySettings(), trial, act,
                              now or dt.datetime.now(dt.timezone.utc), publish_kw)
-    now_entry, before = serving_and_before(checkpoints, settings.vllm_url, settings.name)
+    now_entry, before = serving_and_before(entries, settings.vllm_url, settings.name)
     if now_entry is None:
         return None, [f"nothing to compare: {settings.name!r} on {settings.vllm_url} has no publication "
                       f"(see {checkpoints}/published.json)"]
@@ -213,7 +211,8 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
         # a LoRA server has no adapter that is the base: the stable name cannot go back to it
         out.append(f"  {cand} stays: the base model cannot be served under the stable name; a first version "
                    "is best judged as a canary (nightly.canary.share) before it takes all traffic")
-        _record(checkpoints, v, w.alpha, rolled_back_to=None, action="kept: nothing published before it")
+        if act:
+            _record(checkpoints, v, w.alpha, rolled_back_to=None, action="kept: nothing published before it")
         return v, out
     if v.decision == "worse" and act:
         kw = {**settings.kwargs(), **publish_kw}
@@ -221,8 +220,10 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
         res = rollback(checkpoints, settings.vllm_url, **kw)
         rolled = res.version
         out += [f"rolled back: {cand} -> {rolled}"] + ["  " + x for x in res.lines()]
-    if v.decision in ("worse", "better") or rolled:
+    if act and v.decision in ("worse", "better"):  # a dry run says what it would do, and records nothing
         _record(checkpoints, v, w.alpha, rolled_back_to=rolled, action="rolled back" if rolled else "kept")
+    elif not act and v.decision == "worse":
+        out.append(f"  would roll {cand} back (dry run)")
     return v, out
 
 

@@ -153,7 +153,8 @@ def test_the_watch_rolls_a_worse_version_back_and_records_why(tmp_path, serve_fa
     write(tmp_path / "data", rows)
     dry = ns("watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), *flags, "--dry-run")
     assert dry.returncode == 0 and "v0002 (serving) against v0001: worse" in dry.stdout, dry.stdout + dry.stderr
-    assert registry.current(str(ck))["version"] == "v0002"  # a dry run changes nothing
+    assert registry.current(str(ck))["version"] == "v0002"  # a dry run changes nothing ...
+    assert "would roll v0002 back (dry run)" in dry.stdout and not (ck / "gate-log.jsonl").exists()  # ... records nothing
     p = ns("watch", "--data", str(tmp_path / "data"), "--checkpoints", str(ck), *flags)
     assert p.returncode == 3, p.stdout + p.stderr
     assert "rolled back: v0002 -> v0001" in p.stdout
