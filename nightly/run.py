@@ -75,6 +75,9 @@ class NightlyConfig(PublishSettings):
                                              "which the proxy routes")
             if self.keep < 2:
                 raise invalid("keep", "canary publishing keeps the serving version and the candidate loaded: keep >= 2")
+            if self.mode != "lora":
+                raise invalid("mode", "a canary is an adapter loaded beside the serving one: canary publishing needs "
+                                      "mode lora (full weights replace what serves for every conversation)")
 
     def check(self) -> None:
         validate(self, "nightly")

@@ -160,6 +160,8 @@ def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: st
     fields (publish/canary.py sends it its share of the traffic)."""
     t0 = time.perf_counter()
     if canary is not None:
+        if mode != "lora":
+            raise PublishError("a canary is an adapter loaded beside the serving version: it needs mode lora")
         stable_name = ""
     client = VLLMClient(vllm_url, api_key, timeout=timeout, retries=retries)
     endpoint = vllm_url.rstrip("/")

@@ -432,6 +432,9 @@ def test_a_value_out_of_its_declared_range_names_setting_value_and_source(tmp_pa
     ("route", {"NIGHTSHIFT_ROUTE_UPSTREAM": "vllm:8000"}, r"route\.upstream\): 'vllm:8000' is not of the form http\(s\)://HOST:PORT"),
     ("route", {"NIGHTSHIFT_ROUTE_MISSING_TTL": "-1"}, r"route\.missing_ttl\): not a number or duration: '-1'|must be in"),
     ("nightly", {"NIGHTSHIFT_NIGHTLY_CANARY_SHARE": "0.2"}, r"^nightly\.canary\.route_url: canary\.share > 0 needs"),
+    ("nightly", {"NIGHTSHIFT_NIGHTLY_CANARY_SHARE": "0.2", "NIGHTSHIFT_NIGHTLY_CANARY_ROUTE_URL": "http://r:8100",
+                 "NIGHTSHIFT_NIGHTLY_STABLE_NAME": "agent", "NIGHTSHIFT_NIGHTLY_MODE": "full"},
+     r"NIGHTSHIFT_NIGHTLY_MODE='full' \(nightly\.mode\): a canary is an adapter loaded beside"),
     ("nightly", {"NIGHTSHIFT_NIGHTLY_CANARY_SHARE": "1"}, r"nightly\.canary\.share\): must be in \[0, 1\), got 1\.0"),
     ("nightly", {"NIGHTSHIFT_NIGHTLY_WATCH_ALPHA": "0"}, r"nightly\.watch\.alpha\): must be in \(0, 1\), got 0\.0"),
 ])
