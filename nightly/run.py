@@ -279,7 +279,8 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             _save(state_dir, state)
 
         if state["stage"] == "publish":
-            serving, trial = _serving(checkpoints, n), _canary(checkpoints, n)
+            entries = registry.read(checkpoints)
+            serving, trial = registry.serving(entries, n.vllm_url, n.name), registry.canary(entries, n.vllm_url, n.name)
             candidate = f"{checkpoints}/{state['version']}"
             if (serving and serving.get("version") == state["version"]
                     or trial and trial.get("version") == state["version"]):

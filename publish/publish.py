@@ -203,7 +203,7 @@ def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: st
         sample = client.chat(lora_name)["choices"][0]["message"].get("content") or ""
         entries = registry.read(ckpts, storage_options)
         last = (registry.canary(entries, endpoint, name) if canary is not None
-                else registry.current(ckpts, endpoint, None, storage_options))
+                else registry.last(entries, endpoint))
         registered = already and last is not None and last.get("name") == lora_name and last.get("path") == path
         if not registered:  # publishing what is already loaded and registered changes nothing
             registry.append(ckpts, {"version": version, "name": lora_name, "stable_name": stable_name or None,

@@ -43,7 +43,12 @@ CANARY_ROLES = ("canary", "canary_end")
 def current(checkpoints: str, endpoint: str | None = None, name: str | None = None,
             storage_options: dict | None = None) -> dict | None:
     """The serving entry: the last one for this endpoint and name (any, when None)."""
-    for e in reversed(read(checkpoints, storage_options)):
+    return last(read(checkpoints, storage_options), endpoint, name)
+
+
+def last(entries: list[dict], endpoint: str | None = None, name: str | None = None) -> dict | None:
+    """`current` over entries already read."""
+    for e in reversed(entries):
         if (e.get("role") not in CANARY_ROLES and (endpoint is None or e.get("endpoint") == endpoint.rstrip("/"))
                 and (name is None or e.get("name") == name)):
             return e
