@@ -47,7 +47,7 @@ import psutil
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))  # tests/hardening: the shared process helpers
 sys.path.insert(0, str(HERE))
 import harness  # noqa: E402
 import otlp_load  # noqa: E402

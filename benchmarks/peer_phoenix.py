@@ -51,7 +51,7 @@ from pathlib import Path
 import psutil
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))  # tests/hardening: the shared process helpers
 sys.path.insert(0, str(HERE))
 import harness  # noqa: E402
 import otlp_load  # noqa: E402

@@ -30,7 +30,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import harness  # noqa: E402
 from hardening.proc import free_port  # noqa: E402  one helper for every harness

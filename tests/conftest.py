@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/hardening: the campaigns' process helpers
 from hardening.proc import Collector as CollectorProcess  # noqa: E402  the one collector harness
 from hardening.proc import free_port  # noqa: E402,F401  (tests import it from here)
 

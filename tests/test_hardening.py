@@ -1,4 +1,4 @@
-"""Short versions of the hardening campaigns (hardening/: the long ones write
+"""Short versions of the hardening campaigns (tests/hardening/: the long ones write
 docs/RELIABILITY.md): fuzzing in process and over the wire, fault injection under
 load (a full disk, the flusher killed between Parquet and the log trim, an object
 store that refuses, hangs and cuts uploads), and the security checks."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "hardening"))
+sys.path.insert(0, str(ROOT / "tests" / "hardening"))
 
 import cases  # noqa: E402
 import faults  # noqa: E402

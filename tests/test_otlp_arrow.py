@@ -22,7 +22,6 @@ from nightshift.collector.convert import SpanBuilder
 from nightshift.collector.otlp_arrow import spans_table
 from support.reference_convert import ReferenceSpanBuilder
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
 from hardening import cases  # noqa: E402
 
 

@@ -3,10 +3,10 @@
 load, with exact accounting: every span the load acknowledged must be in the
 Parquet datasets exactly once.
 
-    python hardening/faults.py                 # every campaign, the long versions
-    python hardening/faults.py kill9 --rounds 20
-    python hardening/faults.py disk-full flusher-kill object-store
-    python hardening/faults.py --write-docs    # the figures into docs/RELIABILITY.md
+    python tests/hardening/faults.py                 # every campaign, the long versions
+    python tests/hardening/faults.py kill9 --rounds 20
+    python tests/hardening/faults.py disk-full flusher-kill object-store
+    python tests/hardening/faults.py --write-docs    # the figures into docs/RELIABILITY.md
 
 - kill9: the collector killed with SIGKILL, at a random moment, `--rounds` times
   (every other time its flusher too, as when a container dies), restarted on the

@@ -2,10 +2,10 @@
 """Fuzzing campaign: the collector's request handling against generated and
 mutated requests, each checked against the status code the OTLP spec demands.
 
-    python hardening/fuzz.py                      # 1,000,000 cases, in process, every core
-    python hardening/fuzz.py --cases 20000 --wire 3000   # and 3,000 over real sockets
-    python hardening/fuzz.py --replay 17:4242     # one case again, printed
-    python hardening/fuzz.py --write-docs         # the figures into docs/RELIABILITY.md
+    python tests/hardening/fuzz.py                      # 1,000,000 cases, in process, every core
+    python tests/hardening/fuzz.py --cases 20000 --wire 3000   # and 3,000 over real sockets
+    python tests/hardening/fuzz.py --replay 17:4242     # one case again, printed
+    python tests/hardening/fuzz.py --write-docs         # the figures into docs/RELIABILITY.md
 
 In process, each case goes through exactly what the servers run, minus the socket:
 the HTTP POST handler (`http_server.make_post`: path, token, content type,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "RELIABILITY.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "RELIABILITY.md"
 
 
 def stamp(command: str) -> str:
@@ -58,7 +58,7 @@ def fuzz_section(summary: dict, args) -> str:
         ("poison records (acknowledged, then the flusher failed on them)", str(s["flush_errors"])),
         ("memory, worst worker, first chunk to last", f"{s['rss_growth_mib']:+.1f} MiB RSS"),
     ]
-    out = [stamp(f"python hardening/fuzz.py --cases {args.cases} --jobs {args.jobs}"
+    out = [stamp(f"python tests/hardening/fuzz.py --cases {args.cases} --jobs {args.jobs}"
                  + (f" --wire {args.wire}" if args.wire else "")), "", _table(rows), "",
            "Answers: " + ", ".join(f"{k} {v:,}" for k, v in s["by_code"].items()) + ".", "",
            "Cases by generator: " + ", ".join(f"{k} {v:,}" for k, v in s["by_kind"].items()) + "."]
@@ -81,10 +81,10 @@ def fuzz_section(summary: dict, args) -> str:
 
 
 def fault_section(name: str, r: dict) -> str:
-    cmd = {"kill9": f"python hardening/faults.py kill9 --rounds {r.get('rounds', '?')}",
-           "disk-full": "python hardening/faults.py disk-full",
-           "flusher-kill": f"python hardening/faults.py flusher-kill --times {r.get('times', '?')}",
-           "object-store": "python hardening/faults.py object-store"}[name]
+    cmd = {"kill9": f"python tests/hardening/faults.py kill9 --rounds {r.get('rounds', '?')}",
+           "disk-full": "python tests/hardening/faults.py disk-full",
+           "flusher-kill": f"python tests/hardening/faults.py flusher-kill --times {r.get('times', '?')}",
+           "object-store": "python tests/hardening/faults.py object-store"}[name]
     common = [("spans acknowledged", f"{r.get('acknowledged', 0):,}"), ("lost", str(r.get("lost"))),
               ("stored twice", str(r.get("duplicated"))), ("SIGTERM exit code at the end", str(r.get("exit_code"))),
               ("answers the senders got", ", ".join(f"{k} {v:,}" for k, v in r.get("answers", {}).items())),
@@ -119,7 +119,7 @@ def fault_section(name: str, r: dict) -> str:
 def security_section(results: dict) -> str:
     import security
 
-    out = [stamp("python hardening/security.py"), ""]
+    out = [stamp("python tests/hardening/security.py"), ""]
     rows = []
     if "tokens" in results:
         t = results["tokens"]

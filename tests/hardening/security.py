@@ -2,9 +2,9 @@
 """Security campaign against a real `nightshift collect`: who may write, what
 reaches the disk, where files go, and whether one client can starve the others.
 
-    python hardening/security.py                # every check, printed
-    python hardening/security.py fairness       # one of: tokens, tls, warning, redaction, paths, fairness
-    python hardening/security.py --write-docs   # the figures into docs/RELIABILITY.md
+    python tests/hardening/security.py                # every check, printed
+    python tests/hardening/security.py fairness       # one of: tokens, tls, warning, redaction, paths, fairness
+    python tests/hardening/security.py --write-docs   # the figures into docs/RELIABILITY.md
 """
 
 from __future__ import annotations
