@@ -14,11 +14,15 @@ A request for a stable name in the route table (`agent`) goes to its serving
 version or, for a share of conversations, its candidate: sticky per conversation
 (X-Nightshift-Route-Key header, else the traceparent's trace id, else the first
 system and user message), only the body's `model` rewritten, the answer streamed
-back unchanged with `X-Nightshift-Route: <version>`. Anything else passes through.
-A version the upstream does not have falls back to the serving one, with a
-warning and a metric.
+back unchanged with `X-Nightshift-Route: <version>`. Other models pass through
+byte for byte. Only the inference API is forwarded (/v1/chat/completions,
+/v1/completions, /v1/responses, /v1/embeddings, GET /v1/models); vLLM's admin
+API and every other path are refused. A version the upstream does not have
+falls back to the serving one, with a warning and a metric.
 
-Control API (Bearer --admin-token when set), each change fsync'd before the 200:
+Control API (Bearer --admin-token when set; only for a Host the proxy goes by, see
+--allowed-hosts, never a browser's cross-origin request), each change fsync'd
+before the 200:
   GET    /nightshift/routes
   PUT    /nightshift/routes/<stable name>  {"serving": "agent@v0003", "candidate": "agent@v0004", "share": 0.1}
   DELETE /nightshift/routes/<stable name>

@@ -6,12 +6,22 @@ http://127.0.0.1:8100/v1`: configuration, not code). A request whose body's
 serving version (`agent@v0003`) or its candidate (`agent@v0004`) by a weighted
 choice that is sticky per conversation (`choose.py`), with only the body's
 `model` rewritten; vLLM then answers with the versioned name, which the logged
-calls record as the version that made them. Everything else (`/v1/models`, the
-base model, a versioned name asked for directly, every other path) passes through
-untouched. Responses come back verbatim, streams chunk by chunk (`proxy.py`).
+calls record as the version that made them. Everything else (the base model, a
+versioned name asked for directly) passes through untouched, byte for byte.
+Responses come back verbatim, streams chunk by chunk (`proxy.py`).
+
+It is a trust boundary: only the inference API passes (`paths.py`: chat
+completions, completions, responses, embeddings, models), matched on the path as
+vLLM's router reads it; vLLM's admin API (LoRA loading, collective_rpc, sleep...)
+is refused, as is every other path, without the upstream hearing of it. Only the
+headers the upstream needs go on (`headers.py`), the body is passed on byte for
+byte but for its `model`'s value (`rewrite.py`), and an https upstream is spoken
+to over verified TLS (`upstream.py`). docs/RELIABILITY.md has the trust model.
 
 Control API (`control.py`; `client.py` is its Python client), guarded by
-`Authorization: Bearer <route.admin_token>` when one is set:
+`Authorization: Bearer <route.admin_token>` when one is set, and answered only
+for a Host this proxy goes by (loopback names, IP addresses, its listen host,
+`route.allowed_hosts`), never for a browser's cross-origin request:
 
     GET    /nightshift/routes                 every route, the versions found missing, the upstream
     PUT    /nightshift/routes/agent           {"serving": "agent@v0003", "candidate": "agent@v0004", "share": 0.1}
@@ -27,6 +37,6 @@ in front of one vLLM each keep their own table: PUT to each.
 
 Also on the proxy: `GET /healthz`, `GET /metrics` (Prometheus, `metrics.py`),
 one log line per decision. Modules: `config.py` (settings), `table.py`,
-`choose.py`, `proxy.py`, `upstream.py`, `control.py`, `client.py`, `metrics.py`,
-`server.py`.
+`choose.py`, `paths.py`, `headers.py`, `rewrite.py`, `proxy.py`, `upstream.py`,
+`control.py`, `client.py`, `metrics.py`, `server.py`.
 """

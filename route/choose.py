@@ -33,7 +33,10 @@ _ZERO_TRACE = "0" * 32
 def _text(content: object) -> str:
     if isinstance(content, str):
         return content
-    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:  # parsed, but nested too deeply to write back from here: the same for every call
+        return "\x00deep"
 
 
 def conversation_key(body: dict) -> str:
@@ -60,7 +63,8 @@ def conversation_key(body: dict) -> str:
     if system is None and user is None:
         return ""
     parts = [_text(body.get("user") or ""), _text(system or ""), _text(user or "")]
-    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
+    # surrogatepass: JSON's "\ud800" is a lone surrogate in Python, and still a key
+    return hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def sticky_key(headers, body: dict) -> tuple[str, str]:
@@ -81,8 +85,10 @@ def sticky_key(headers, body: dict) -> tuple[str, str]:
 
 def point(key: str, salt: str) -> float:
     """The key's place in [0, 1), independent for each salt."""
-    d = hashlib.blake2b(key.encode(), digest_size=8, person=b"ns-route", salt=hashlib.blake2b(
-        salt.encode(), digest_size=16).digest()).digest()
+    # surrogatepass: a header's bytes that are not UTF-8 reach here as lone surrogates (aiohttp's
+    # surrogateescape); they are still a conversation's key
+    d = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8, person=b"ns-route",
+                        salt=hashlib.blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=16).digest()).digest()
     return int.from_bytes(d, "big") / 2.0**64
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from nightshift.settings import SettingsError, invalid, setting, validate
 
@@ -30,7 +31,13 @@ class RouteConfig:
                                metavar="TOKEN")
     upstream_api_key: str = setting("", help="send `Authorization: Bearer KEY` to the upstream in place of the "
                                              "client's (default: the client's Authorization goes through unchanged)",
-                                    metavar="KEY")
+                                    metavar="KEY", pattern=r"[\x21-\x7e]+")
+    upstream_ca_file: str = setting("", help="PEM file of the CA(s) an https upstream's certificate is checked "
+                                             "against (default: the system's)", metavar="FILE")
+    allowed_hosts: list[str] = setting(factory=list, help="more names the control API answers to in the Host header "
+                                                          "(besides loopback names, IP addresses and the listen host; "
+                                                          "* for any, when an admin token guards it), e.g. "
+                                                          "nightshift-route", metavar="NAME,...")
     connect_timeout: float = setting(5.0, help="seconds to connect to the upstream (then 502)", metavar="DURATION",
                                      bounds="(0, inf)")
     read_timeout: float = setting(600.0, help="longest silence from the upstream inside one response (then the "
@@ -63,6 +70,17 @@ class RouteConfig:
         if not self.state and "://" in self.data:
             raise invalid("data", "not a local folder, and the route table must be: give --state FILE (it is "
                                   "small, local and fsync'd)")
+        try:
+            port = urlsplit(self.upstream).port
+        except ValueError:
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            raise invalid("upstream", f"{self.upstream!r}: the port must be in 1..65535")
+        if self.upstream_ca_file and not self.upstream.startswith("https://"):
+            raise invalid("upstream_ca_file", f"set, but the upstream {self.upstream} is not https://")
+        if "*" in self.allowed_hosts and not self.admin_token:
+            raise invalid("allowed_hosts", "* lets any page a browser opens reach the control API by DNS "
+                                           "rebinding: set route.admin_token too, or list the names")
 
     def check(self) -> None:
         """Every value usable, or a SettingsError naming the setting (`load` runs it too)."""

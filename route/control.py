@@ -7,16 +7,25 @@ and fsync'd, then logged, and only then answered 200.
     PUT    /nightshift/routes/<name>   {"serving", "candidate", "share"}  ->  {"route": {...}, "previous": {...}|null}
     DELETE /nightshift/routes/<name>   {"deleted": {...}}                     404 when absent
 
-Guarded by `Authorization: Bearer <admin_token>` when one is set (401 otherwise).
-Bad input is a 400 whose message names every problem.
+Guarded by `Authorization: Bearer <admin_token>` when one is set (401 otherwise),
+and open only to requests addressed to this proxy by a name it answers to (403
+otherwise): its listen host, a loopback name, an IP address, or one of
+`route.allowed_hosts`. A page in a browser can otherwise reach a proxy on
+127.0.0.1 by DNS rebinding (its own name, re-pointed at 127.0.0.1, in the Host
+header) and move traffic when no token is set; a request with a browser's
+cross-origin marks (an `Origin` other than the proxy's own, `Sec-Fetch-Site:
+cross-site`) is refused the same way. Bad input is a 400 whose message names
+every problem.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -33,18 +42,72 @@ def _json(obj, status: int = 200) -> web.Response:
     return web.Response(status=status, body=json.dumps(obj, indent=1).encode() + b"\n", content_type="application/json")
 
 
+def host_name(host: str) -> str:
+    """The name in a Host header's value (`[::1]:8100` -> `::1`), lower case, without
+    a trailing dot ("" when there is none to read)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else ""
+    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    return (name if port.isdigit() or not port else host).rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 class Control:
-    def __init__(self, proxy: Proxy, metrics: Metrics, token: str) -> None:
+    def __init__(self, proxy: Proxy, metrics: Metrics, token: str, listen_host: str = "127.0.0.1",
+                 allowed_hosts: list[str] | tuple[str, ...] = ()) -> None:
         self.proxy, self.table, self.metrics = proxy, proxy.table, metrics
         self.expected = f"Bearer {token}".encode() if token else b""
+        self.names = {"localhost", host_name(listen_host)} | {host_name(h) for h in allowed_hosts}
+        self.any_name = "*" in allowed_hosts
         for name, r in self.table.routes.items():
             self._gauge(name, None, r)
 
-    async def handle(self, request: web.BaseRequest) -> web.Response:
-        if self.expected and not hmac.compare_digest(request.headers.get("Authorization", "").encode(), self.expected):
+    def _foreign(self, request: web.BaseRequest) -> str:
+        """Why a request is not for this proxy's control API ("" when it is): a Host
+        by a name it does not answer to, or a browser's cross-origin request."""
+        raw = [v for k, v in request.raw_headers if k.lower() == b"host"]
+        try:
+            host = raw[0].decode("ascii") if raw else ""
+        except UnicodeDecodeError:
+            return "the Host header is not ASCII"
+        name = host_name(host)
+        if host and not (self.any_name or name in self.names or _is_ip(name)):
+            return (f"the Host {host[:100]!r} is not a name this proxy answers its control API to (a loopback name, "
+                    "an IP address, its listen host, or route.allowed_hosts)")
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            o = urlsplit(origin.strip())
+            if origin.strip() == "null" or o.netloc.lower() != host.strip().lower():
+                return f"a browser's cross-origin request (Origin {origin[:100]!r})"
+        if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+            return "a browser's cross-site request (Sec-Fetch-Site: cross-site)"
+        return ""
+
+    def _authorized(self, request: web.BaseRequest) -> bool:
+        """The token, compared as the bytes that came (a header that is not UTF-8 is
+        simply not the token), and only when it came once."""
+        if not self.expected:
+            return True
+        given = [v for k, v in request.raw_headers if k.lower() == b"authorization"]
+        return len(given) == 1 and hmac.compare_digest(given[0].strip(), self.expected)
+
+    async def handle(self, request: web.BaseRequest, path: str) -> web.Response:
+        foreign = self._foreign(request)
+        if foreign:
+            self.metrics.refused.labels("403").inc()
+            log.warning("control API: refused %s %s: %s", request.method, path[:100], foreign)
+            return error(403, "PermissionDeniedError", f"nightshift route: {foreign}")
+        if not self._authorized(request):
             return error(401, "Unauthorized", "the control API needs `Authorization: Bearer <admin token>` "
                          "(route.admin_token)")
-        path = request.path
         if path in (PREFIX, PREFIX + "/"):
             if request.method != "GET":
                 return error(405, "MethodNotAllowed", f"{request.method} {path}: use GET (or PUT/DELETE on "
@@ -70,6 +133,9 @@ class Control:
         except ValueError as e:
             return error(400, "BadRequestError", f"the body is not JSON ({e}); send {{\"serving\": \"agent@v0003\", "
                          "\"candidate\": \"agent@v0004\", \"share\": 0.1}")
+        except RecursionError:
+            return error(400, "BadRequestError", "the body nests JSON too deeply to be a route; send {\"serving\": "
+                         "\"agent@v0003\", \"candidate\": \"agent@v0004\", \"share\": 0.1}")
         try:
             route = parse(name, body)
         except TableError as e:

@@ -22,8 +22,12 @@ class Metrics:
                                  "have the version chosen (missing), by route, that version and the one used instead.",
                                  ["route", "missing", "to"], registry=r)
         self.upstream_errors = Counter("nightshift_route_upstream_errors", "Upstream failures, by kind: connect "
-                                       "(refused, unreachable: 502), timeout (silent past read_timeout), broken "
-                                       "(the connection dropped inside a response).", ["kind"], registry=r)
+                                       "(refused, unreachable: 502), tls (certificate not trusted, handshake failed: "
+                                       "502), timeout (silent past read_timeout), broken (the connection dropped "
+                                       "inside a response).", ["kind"], registry=r)
+        self.refused = Counter("nightshift_route_refused", "Requests refused before the upstream, by status: 403 "
+                               "(vLLM's admin API), 404 (not an inference path), 405 (wrong method), 400 (a path, "
+                               "headers or a body the proxy cannot pass on safely).", ["status"], registry=r)
         self.stream_aborts = Counter("nightshift_route_stream_aborts", "Streamed responses cut off before their end, "
                                      "by who went away: upstream (the client's connection is aborted so it sees an "
                                      "error, never a short answer) or client (the upstream request is closed).",

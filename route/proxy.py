@@ -13,6 +13,10 @@ and the upstream's answer back as it came.
   for `missing_ttl`; its requests go to the route's serving version (or, missing
   too, the stable name itself), with a warning, a metric and the response header
   `X-Nightshift-Route-Fallback`.
+
+What may pass at all is decided before any of this: the path (`paths.py`, an
+allow-list of the inference API), the headers (`headers.py`) and the body's one
+rewrite (`rewrite.py`). A request refused there never reaches the upstream.
 """
 
 from __future__ import annotations
@@ -28,16 +32,17 @@ from multidict import CIMultiDict
 
 from .choose import choose, sticky_key
 from .config import RouteConfig
+from .headers import HeaderError, to_client, to_upstream
 from .metrics import Metrics
+from .paths import Target, judge
+from .rewrite import RewriteError, model_span, with_model
 from .table import RouteTable
-from .upstream import Exchange, Pool, UpstreamError
+from .upstream import Exchange, Pool, UpstreamError, tls_context
 
 log = logging.getLogger("nightshift.route")
 
 ROUTE_HEADER = "X-Nightshift-Route"
 FALLBACK_HEADER = "X-Nightshift-Route-Fallback"
-_HOP = frozenset((b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-                  b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect"))
 HIGH_WATER = 1 << 20  # bytes waiting for a slow client before the upstream is paused
 
 
@@ -52,10 +57,23 @@ def error(status: int, etype: str, message: str, headers: dict | None = None) ->
                         headers=headers)
 
 
-def _kept(raw_headers) -> list[tuple[bytes, bytes]]:
-    """Headers less the hop-by-hop ones (and those the Connection header names)."""
-    named = {h.strip().lower() for k, v in raw_headers if k.lower() == b"connection" for h in v.split(b",")}
-    return [(k, v) for k, v in raw_headers if k.lower() not in _HOP and k.lower() not in named]
+def _big_int(text: str) -> int | str:
+    """Integers past Python's 4,300 digits parse as their text: valid JSON, which
+    the proxy reads only for `model` and the sticky key, and passes on as sent."""
+    return int(text) if len(text) < 4300 else text
+
+
+def parse_body(body: bytes) -> dict | None:
+    """The body as a JSON object, None when it is not one (not UTF-8, not JSON, not
+    an object: the upstream answers it as sent), or RecursionError when it nests
+    deeper than Python's parser goes (the proxy cannot tell what it asks for)."""
+    if body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
+        return None
+    try:
+        obj = json.loads(body.decode("utf-8"), parse_int=_big_int)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _is_missing(status: int, body: bytes) -> bool:
@@ -86,7 +104,9 @@ class Proxy:
         self.base = cfg.upstream.rstrip("/")
         u = urlsplit(self.base)
         self.host_header = u.netloc.encode()
-        self.pool = Pool(u.hostname or "127.0.0.1", u.port or 80, cfg.connect_timeout, cfg.read_timeout)
+        tls = tls_context(cfg.upstream_ca_file) if u.scheme == "https" else None
+        self.pool = Pool(u.hostname or "127.0.0.1", u.port or (443 if tls else 80), cfg.connect_timeout,
+                         cfg.read_timeout, tls)
         self.missing: dict[str, float] = {}  # versioned name -> monotonic time it may be tried again
 
     async def close(self) -> None:
@@ -115,42 +135,48 @@ class Proxy:
 
     # --- the request path -------------------------------------------------------------
 
-    async def forward(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def forward(self, request: web.BaseRequest, target: Target) -> web.StreamResponse:
+        verdict = judge(request.method, target.path)
+        if verdict.status:
+            self.metrics.refused.labels(str(verdict.status)).inc()
+            etype = {403: "PermissionDeniedError", 404: "NotFoundError", 405: "MethodNotAllowed"}[verdict.status]
+            return error(verdict.status, etype, f"nightshift route: {verdict.message}",
+                         {"Allow": verdict.allow} if verdict.allow else None)
         t0 = time.perf_counter()
         self.metrics.inflight.inc()
         try:
-            return await self._forward(request, t0)
+            return await self._forward(request, target, t0)
         finally:
             self.metrics.inflight.dec()
 
-    def _head(self, request: web.BaseRequest) -> bytes:
+    def _head(self, request: web.BaseRequest, target: Target) -> bytes:
         """The request line and headers for the upstream, less Content-Length."""
-        lines = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (request.method.encode(), request.raw_path.encode(
-            "utf-8", "surrogateescape"), self.host_header)]
-        key = self.cfg.upstream_api_key
-        lines += [k + b": " + v + b"\r\n" for k, v in _kept(request.raw_headers)
-                  if not (key and k.lower() == b"authorization")]
-        if key:
-            lines.append(b"Authorization: Bearer %s\r\n" % key.encode())
+        lines = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (request.method.encode(), target.upstream(), self.host_header)]
+        lines += [k + b": " + v + b"\r\n" for k, v in to_upstream(request.raw_headers, self.cfg.upstream_api_key)]
         return b"".join(lines)
 
-    async def _forward(self, request: web.BaseRequest, t0: float) -> web.StreamResponse:
+    async def _forward(self, request: web.BaseRequest, target: Target, t0: float) -> web.StreamResponse:
+        try:
+            head = self._head(request, target)
+        except HeaderError as e:
+            return error(400, "BadRequestError", f"nightshift route: {e}")
         try:
             body = await read_body(request, self.cfg.max_body_bytes)
         except BodyTooLarge:
             return error(413, "RequestEntityTooLarge", f"the request body is larger than {self.cfg.max_body_bytes} "
                          "bytes (route.max_body_bytes)")
-        head = self._head(request)
-        obj = None
-        if request.method == "POST" and body[:1] in (b"{", b" ", b"\n", b"\r", b"\t"):
-            try:
-                obj = json.loads(body)
-            except ValueError:
-                pass  # not ours to judge: the upstream answers it
-        model = obj.get("model") if isinstance(obj, dict) else None
+        try:
+            obj = parse_body(body) if request.method == "POST" else None
+        except RecursionError:
+            return error(400, "BadRequestError", "nightshift route: the JSON body nests too deeply to be read")
+        model = obj.get("model") if obj is not None else None
         route = self.table.get(model) if isinstance(model, str) else None
         if route is None:
             return await self._send(request, head, t0, body, None, "-", ["-"], [])
+        try:
+            span = model_span(body)
+        except RewriteError as e:
+            return error(400, "BadRequestError", f"nightshift route: {e}")
         kind, key = sticky_key(request.headers, obj)
         chosen, arm, x = choose(route, key)
         targets = [chosen] + ([route.serving] if chosen == route.candidate else [])
@@ -164,28 +190,29 @@ class Proxy:
             where = "" if x < 0 else f", point {x:.3f} {'<' if arm == 'candidate' else '>='} share {route.share:g}"
             gone = f"; {', '.join(skipped)} missing on the upstream" if skipped else ""
             log.info("route %s -> %s (%s; %s key %s%s)%s", model, targets[0], arm, kind, key[:12], where, gone)
-        return await self._send(request, head, t0, body, obj, model, targets, skipped)
+        return await self._send(request, head, t0, body, span, model, targets, skipped)
 
-    async def _send(self, request: web.BaseRequest, head: bytes, t0: float, body: bytes, obj: dict | None,
-                    name: str, targets: list[str], skipped: list[str]) -> web.StreamResponse:
+    async def _send(self, request: web.BaseRequest, head: bytes, t0: float, body: bytes,
+                    span: tuple[int, int] | None, name: str, targets: list[str],
+                    skipped: list[str]) -> web.StreamResponse:
         """To the first target; after a "does not exist" 404 with targets left, to the next."""
         waited, ex = 0.0, None
         try:
             while True:
                 version = targets[0]
-                data = body if obj is None else json.dumps({**obj, "model": version}, separators=(",", ":")).encode()
+                data = body if span is None else with_model(body, span, version)
                 length = b"Content-Length: %d\r\n" % len(data) if data or request.method not in ("GET", "HEAD") else b""
                 t = time.perf_counter()
                 try:
                     ex = await self.pool.exchange(head + length + b"\r\n" + data, head_only=request.method == "HEAD")
                     status = await ex.head
-                    if obj is not None and len(targets) > 1 and status == 404:
+                    if span is not None and len(targets) > 1 and status == 404:
                         await ex.done
                 except UpstreamError as e:
                     return self._failed(name, version, e)
                 finally:
                     waited += time.perf_counter() - t
-                if obj is None or len(targets) == 1 or status != 404:
+                if span is None or len(targets) == 1 or status != 404:
                     break
                 answer = b"".join(ex.body)
                 if not _is_missing(status, answer):
@@ -223,7 +250,7 @@ class Proxy:
         return length and not sse
 
     def _headers(self, ex: Exchange, name: str, version: str, skipped: list[str]) -> CIMultiDict:
-        out = CIMultiDict((k.decode("latin-1"), v.decode("utf-8", "replace")) for k, v in _kept(ex.headers))
+        out = to_client(ex.headers)
         if name != "-":
             out[ROUTE_HEADER] = version
             if skipped:
@@ -238,8 +265,7 @@ class Proxy:
         status = 504 if e.kind == "timeout" else 502
         self.metrics.upstream_errors.labels(e.kind).inc()
         self.metrics.requests.labels(name, version, str(status)).inc()
-        where = {"connect": "is unreachable", "timeout": f"did not answer in time (connect_timeout "
-                 f"{self.cfg.connect_timeout:g} s, read_timeout {self.cfg.read_timeout:g} s)",
+        where = {"connect": "is unreachable", "tls": "cannot be reached safely", "timeout": "did not answer in time",
                  "broken": "broke its answer"}[e.kind]
         message = f"the upstream {self.base} {where}: {e}"
         log.warning("route %s: %s", name, message)

@@ -1,7 +1,11 @@
 """Running the proxy: the route table read back, the listener, the one handler
 that sends each path where it belongs, and a SIGTERM that stops taking requests
 and lets the ones in flight finish (up to `drain_timeout`; streams still open
-then are cut off, so their clients see an error, never a short answer)."""
+then are cut off, so their clients see an error, never a short answer).
+
+Start-up that cannot go on (the address taken or not this machine's, the route
+table unreadable, the upstream's CA file unreadable) is one sentence and exit 2,
+never a traceback: whoever started it reads what to change."""
 
 from __future__ import annotations
 
@@ -11,16 +15,42 @@ import ipaddress
 import json
 import logging
 import signal
+import ssl
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from nightshift.settings import SettingsError
 
 from .config import RouteConfig
 from .control import Control
 from .metrics import Metrics
-from .proxy import Proxy
+from .paths import PathError, parse
+from .proxy import Proxy, error
 from .table import RouteTable, TableError
 
 log = logging.getLogger("nightshift.route")
+
+
+class StartupError(RuntimeError):
+    """The proxy cannot start; the message says why, in one sentence."""
+
+
+class _ClientErrorsInOneLine(logging.Filter):
+    """aiohttp logs a malformed request (a bad request line, a header too long, a
+    path that is not UTF-8) with a traceback at ERROR, though it is the client's
+    error and already answered 400: one line at INFO says it, and a traceback in
+    the log stays the sign of a bug in the proxy."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and (exc.code or 400) < 500:
+            record.msg, record.args = "refused a malformed request from %s: %s", (
+                record.args[0] if isinstance(record.args, tuple) and record.args else "?",
+                " ".join(str(exc.message).split())[:200])
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return record.levelno >= logging.getLogger().getEffectiveLevel()
 
 
 def _loopback(host: str) -> bool:
@@ -36,30 +66,47 @@ class App:
     def __init__(self, cfg: RouteConfig, table: RouteTable) -> None:
         self.metrics = Metrics()
         self.proxy = Proxy(cfg, table, self.metrics)
-        self.control = Control(self.proxy, self.metrics, cfg.admin_token)
+        self.control = Control(self.proxy, self.metrics, cfg.admin_token, cfg.host_port()[0], cfg.allowed_hosts)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        path = request.path
-        if path.startswith("/nightshift/"):
-            return await self.control.handle(request)
+        try:
+            target = parse(request.raw_path)
+        except PathError as e:
+            self.metrics.refused.labels("400").inc()
+            return error(400, "BadRequestError", f"nightshift route: {e}")
+        path = target.path
+        if path == "/nightshift" or path.startswith("/nightshift/"):
+            return await self.control.handle(request, path)
         if path == "/healthz":
             return web.Response(body=json.dumps({"status": "ok", "routes": len(self.proxy.table.routes),
                                                  "upstream": self.proxy.base}).encode(), content_type="application/json")
         if path == "/metrics":
             return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
-        return await self.proxy.forward(request)
+        return await self.proxy.forward(request, target)
 
 
 async def serve(cfg: RouteConfig, table: RouteTable, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when none is given)."""
     host, port = cfg.host_port()
-    app = App(cfg, table)
-    server = web.Server(app.handle, handler_cancellation=True, access_log=None)
+    try:
+        app = App(cfg, table)
+    except (OSError, ssl.SSLError) as e:
+        raise StartupError(f"cannot read the upstream's CA file {cfg.upstream_ca_file} (route.upstream_ca_file): "
+                           f"{getattr(e, 'strerror', None) or e}") from None
+    logging.getLogger("aiohttp.server").addFilter(_ClientErrorsInOneLine())
+    # auto_decompress off: a compressed upload is refused (headers.py), never inflated unasked
+    server = web.Server(app.handle, handler_cancellation=True, access_log=None, auto_decompress=False)
     runner = web.ServerRunner(server, shutdown_timeout=cfg.drain_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
-    await site.start()
+    try:
+        await site.start()
+    except (OSError, OverflowError) as e:
+        await runner.cleanup()
+        await app.proxy.close()
+        why = getattr(e, "strerror", None) or str(e)
+        raise StartupError(f"cannot listen on {cfg.listen} (route.listen): {why}") from None
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -84,11 +131,11 @@ async def serve(cfg: RouteConfig, table: RouteTable, ready: asyncio.Event | None
 
 
 def run(cfg: RouteConfig) -> int:
-    """`nightshift route`: 0 after a clean stop, 2 when the table cannot be read."""
+    """`nightshift route`: 0 after a clean stop, 2 when it cannot start."""
     try:
         table = RouteTable(cfg.state_path()).load()
-    except TableError as e:
+        asyncio.run(serve(cfg, table))
+    except (TableError, StartupError, SettingsError) as e:
         log.error("%s", e)
         return 2
-    asyncio.run(serve(cfg, table))
     return 0

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nightshift.storage import fsync
+from nightshift.storage import write_atomic
 
 FIELDS = ("serving", "candidate", "share")
 FORMAT = 1
@@ -90,10 +89,10 @@ class RouteTable:
 
     def load(self) -> "RouteTable":
         try:
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return self
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise TableError(f"cannot read the route table {self.path}: {e}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("routes"), dict):
             raise TableError(f"{self.path} is not a route table (format {FORMAT})")
@@ -103,7 +102,10 @@ class RouteTable:
                 route = parse(name, {k: r.get(k) for k in FIELDS} if isinstance(r, dict) else r)
             except TableError as e:
                 raise TableError(f"{self.path}: route {name!r}: {e}") from None
-            routes[name] = Route(route.serving, route.candidate, route.share, float(r.get("updated") or 0.0))
+            updated = r.get("updated") or 0.0
+            if isinstance(updated, bool) or not isinstance(updated, (int, float)):
+                raise TableError(f"{self.path}: route {name!r}: updated must be unix seconds, got {updated!r}")
+            routes[name] = Route(route.serving, route.candidate, route.share, float(updated))
         self.routes = routes
         return self
 
@@ -131,10 +133,5 @@ class RouteTable:
         return [r.public(n) for n, r in sorted(self.routes.items())]
 
     def _write(self, routes: dict[str, Route]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         doc = {"format": FORMAT, "routes": {n: asdict(r) for n, r in sorted(routes.items())}}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        fsync(tmp)
-        os.replace(tmp, self.path)
-        fsync(self.path.parent)
+        write_atomic(self.path, json.dumps(doc, indent=1) + "\n")

@@ -6,20 +6,27 @@ Measured (benchmarks/route.py, 200 streams): aiohttp's client cost the proxy
 about 45 us of CPU per SSE chunk and 300 us per request on this machine; this
 one about half. What it leaves to the caller: which bytes to send, and what to
 do with a head, a body, or a broken exchange.
+
+An https upstream is spoken to over TLS, its certificate verified against the
+system's CAs (or `route.upstream_ca_file`) for the upstream's host name: the
+proxy may send `upstream_api_key` and every prompt, which must not go out in
+clear or to whoever answers on that address.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 
 import httptools
 
 
 class UpstreamError(Exception):
-    """The upstream could not be reached (`kind` connect), fell silent (timeout), or
-    dropped the connection inside an answer (broken)."""
+    """The upstream could not be reached (`kind` connect), failed the TLS handshake
+    (tls: its certificate not trusted, or not TLS at all), fell silent (timeout),
+    or dropped the connection inside an answer (broken)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -75,11 +82,16 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.pool.forget(self)
+        reason = self.pool.closing_reason.pop(self, "broken")
         if self.ex is not None:
             ex, self.ex = self.ex, None
-            ex.fail(UpstreamError(self.pool.closing_reason.pop(self, "broken"),
-                                  f"the upstream closed the connection{'' if ex.head.done() else ' before answering'}"
-                                  + (f" ({exc})" if exc else "")))
+            where = "inside its answer" if ex.head.done() else "before answering"
+            if reason == "timeout":
+                why = (f"nothing came for {self.pool.read_timeout:g} s {where} (route.read_timeout), so the proxy "
+                       "gave up")
+            else:
+                why = f"the upstream closed the connection {where}" + (f" ({exc})" if exc else "")
+            ex.fail(UpstreamError(reason, why))
 
     # httptools
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -134,8 +146,9 @@ class Pool:
     """Idle kept-alive connections to one host:port, and a sweep that cuts off an
     exchange silent for longer than `read_timeout`."""
 
-    def __init__(self, host: str, port: int, connect_timeout: float, read_timeout: float) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, connect_timeout: float, read_timeout: float,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.host, self.port, self.tls = host, port, tls
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.idle: list[Connection] = []
         self.busy: set[Connection] = set()
@@ -159,11 +172,18 @@ class Pool:
         return ex
 
     async def _connect(self, loop) -> Connection:
+        tls = {"ssl": self.tls, "server_hostname": self.host} if self.tls else {}
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: Connection(self), self.host, self.port),
-                                             self.connect_timeout)
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: Connection(self), self.host, self.port,
+                                                                    **tls), self.connect_timeout)
         except asyncio.TimeoutError:
-            raise UpstreamError("timeout", f"no connection within {self.connect_timeout:g} s") from None
+            raise UpstreamError("timeout", f"no connection within {self.connect_timeout:g} s (route.connect_timeout)"
+                                ) from None
+        except ssl.SSLCertVerificationError as e:
+            raise UpstreamError("tls", f"its TLS certificate is not trusted ({e.verify_message}; a private CA goes "
+                                       "in route.upstream_ca_file)") from None
+        except ssl.SSLError as e:
+            raise UpstreamError("tls", f"the TLS handshake failed ({e.reason or e}); is it serving https?") from None
         except OSError as e:
             raise UpstreamError("connect", f"{type(e).__name__}: {e.strerror or e}") from None
         return conn
@@ -199,3 +219,10 @@ class Pool:
             self._sweeper.cancel()
         for conn in self.idle + list(self.busy):
             conn.transport.close()
+
+
+def tls_context(ca_file: str = "") -> ssl.SSLContext:
+    """Verification on, host name checked: Python's defaults for a client, with a
+    private CA's file when one is given (OSError or ssl.SSLError when it cannot
+    be read, for start-up to report)."""
+    return ssl.create_default_context(cafile=ca_file or None)
