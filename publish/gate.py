@@ -47,6 +47,8 @@ from pathlib import Path
 from nightshift.settings import setting
 from nightshift.trainer.config import TrainConfig
 
+from . import gatelog
+
 log = logging.getLogger("nightshift.gate")
 
 #: The headline figure of a decision (the report plots it).
@@ -175,7 +177,7 @@ def _mean_logps(model, features: list[dict], tok, cfg: TrainConfig) -> list[floa
     import torch
 
     from nightshift.trainer.model import packed
-    from nightshift.trainer.pg import collate, completion_logprobs
+    from nightshift.trainer.loop import collate, completion_logprobs
 
     device = next(model.parameters()).device
     out: list[float] = []
@@ -324,9 +326,7 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
             decision.reason += "; the evaluation command passed"
     decision.reason = decision.reason.lstrip("; ") or "nothing to compare on"
     if log_dir:
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
-        with open(Path(log_dir) / "gate-log.jsonl", "a") as f:
-            f.write(json.dumps(asdict(decision), default=str) + "\n")
+        gatelog.append(log_dir, asdict(decision))
     log.info("gate %s: %s", "passed" if decision.passed else "blocked", decision.reason)
     return decision
 

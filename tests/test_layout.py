@@ -28,12 +28,24 @@ STAGES: dict[str, set[str]] = {
 }
 
 
-def _modules() -> dict[str, Path]:
+def _packages() -> dict[str, Path]:
+    """Every package: the stage folders and the folders with an __init__.py inside them
+    (a stage may group modules, e.g. trainer/algorithms/)."""
     out = {}
     for stage in STAGES:
-        for path in sorted((ROOT / stage).glob("*.py")):
-            name = f"nightshift.{stage}" + ("" if path.stem == "__init__" else f".{path.stem}")
-            out[name] = path
+        out[f"nightshift.{stage}"] = ROOT / stage
+        for init in sorted((ROOT / stage).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / stage)
+            if rel.parts:
+                out[".".join(["nightshift", stage, *rel.parts])] = init.parent
+    return out
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.glob("*.py")):
+            out[package + ("" if path.stem == "__init__" else f".{path.stem}")] = path
     return out
 
 
@@ -64,6 +76,7 @@ def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
     return out
 
 
+PACKAGES = _packages()
 MODULES = _modules()
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
@@ -77,7 +90,12 @@ def test_every_stage_folder_is_a_package_the_install_knows():
 
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert set(cfg["package-dir"]) == {f"nightshift.{s}" for s in STAGES}
-    assert set(cfg["packages"]) == {f"nightshift.{s}" for s in STAGES}
+    # every stage, and every package inside one (installed from its stage's folder)
+    assert set(cfg["packages"]) == set(PACKAGES)
+    assert any(p.count(".") > 1 for p in PACKAGES), "no subpackage found: the walk below the stages is broken"
+    stray = [str(d.relative_to(ROOT)) for s in STAGES for d in (ROOT / s).rglob("*")
+             if d.is_dir() and d.name != "__pycache__" and list(d.glob("*.py")) and not (d / "__init__.py").exists()]
+    assert not stray, "folders of modules that are not packages (the install would leave them out): " + ", ".join(stray)
 
 
 def test_stages_import_only_from_earlier_stages():
@@ -97,7 +115,7 @@ def test_no_module_takes_another_modules_private_names():
 def test_no_import_cycles():
     edges = {src: sorted({m for m, _, _ in imports if m in MODULES and m != src}) for src, imports in GRAPH.items()}
     # a package's __init__ importing its own modules is how a package hands names on
-    edges = {s: [m for m in ms if not (s.count(".") == 1 and m.startswith(s + "."))] for s, ms in edges.items()}
+    edges = {s: [m for m in ms if not (s in PACKAGES and m.startswith(s + "."))] for s, ms in edges.items()}
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles: list[str] = []

@@ -8,7 +8,10 @@ from __future__ import annotations
 import pytest
 
 from nightshift.trainer.config import TrainConfig
-from nightshift.trainer.examples import Example, dpo_examples, kto_examples, sft_examples
+from nightshift.trainer.algorithms.dpo import examples as dpo_examples
+from nightshift.trainer.algorithms.kto import examples as kto_examples
+from nightshift.trainer.algorithms.sft import examples as sft_examples
+from nightshift.trainer.examples import Example
 from nightshift.trainer.render import Rendered
 from nightshift.trainer.select import Selection, TrainDataError
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from nightshift.trainer.pg import collate, completion_logprobs, pg_loss
+from nightshift.trainer.algorithms.pg import pg_loss
+from nightshift.trainer.loop import collate, completion_logprobs
 
 
 def _grad(clip: str, logp0: list[float], old: list[float], adv: list[float], tok_seq: list[int], **kw):
@@ -135,7 +136,7 @@ def test_temperature_logprobs_are_those_of_the_sampled_distribution(tiny_model):
 def test_awr_weights_are_positive_normalized_monotone_and_capped():
     from types import SimpleNamespace
 
-    from nightshift.trainer.examples import awr_features
+    from nightshift.trainer.algorithms.awr import awr_features
 
     def ex(a: float):
         return SimpleNamespace(row={"weight": 1.0, "advantage": a}, r=SimpleNamespace(prompt_ids=[1], completion_ids=[2],

@@ -49,7 +49,7 @@ def _pairs(n: int, good_reward: float = 1.0, bad_reward: float = 0.0, tools: boo
 
 def _logp(model, tok, prompt: str, answer: str) -> float:
     """log p(answer | prompt) under `model`, through the trainer's own renderer."""
-    from nightshift.trainer.pg import collate, completion_logprobs
+    from nightshift.trainer.loop import collate, completion_logprobs
     from nightshift.trainer.render import render
 
     r = render(tok, row(prompt, answer, 1.0))
@@ -380,6 +380,7 @@ def test_mu_is_recomputed_with_the_weights_of_the_version_that_made_each_call(tm
     base: each row's μ comes from its own producer; a version missing from disk
     leaves μ unknown (its negatives dropped by default), said in the summary."""
     from nightshift.trainer import behaviour
+    from nightshift.trainer.plan import work_out
 
     write(tmp_path / "data", _pairs(4))
     first = train(_cfg(tmp_path, tiny_model, eval_fraction=0.0, served_model_name="tiny"), progress=False)
@@ -399,7 +400,7 @@ def test_mu_is_recomputed_with_the_weights_of_the_version_that_made_each_call(tm
     rd = render(tok, r)
     feat = {"input_ids": rd.prompt_ids + rd.completion_ids, "completion_start": len(rd.prompt_ids), "advantage": 1.0,
             "weight": 1.0, "old_logprobs": None, "policy_version": "v0001", "temperature": 0.5, "model": "tiny"}
-    behaviour.attach(cfg, [feat], tok, torch.device("cpu"))
+    behaviour.attach(cfg, work_out(cfg), [feat], tok)
     model, _ = _load(tiny_model, first.path)
     with torch.no_grad():
         logits = model(torch.tensor([feat["input_ids"]])).logits[0].float()

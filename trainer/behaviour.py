@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import TrainConfig
+from .plan import RunPlan
 
 BASE = "base"
 
@@ -44,13 +45,13 @@ def producer(cfg: TrainConfig, feature: dict) -> str | None:
     return BASE if model is None or model in base_names else None
 
 
-def attach(cfg: TrainConfig, features: list[dict], tok, device) -> MuReport:
+def attach(cfg: TrainConfig, plan: RunPlan, features: list[dict], tok) -> MuReport:
     """Fill each feature's `old_logprobs` (NaN entries) with μ recomputed from its
     producer; fully logged rows are kept and cross-checked."""
     import torch
 
-    from .model import load_version, packed
-    from .pg import collate, completion_logprobs
+    from .loop import collate, completion_logprobs
+    from .model import load_version
 
     report = MuReport()
     work: dict[tuple[str, float], list[dict]] = defaultdict(list)
@@ -65,14 +66,14 @@ def attach(cfg: TrainConfig, features: list[dict], tok, device) -> MuReport:
             work[(src, 1.0 if t is None else float(t))].append(f)
     abs_sum, n_tok = 0.0, 0
     for src in sorted({s for s, _ in work}):
-        model = load_version(cfg, None if src == BASE else src).to(device).eval()
+        model = load_version(cfg, None if src == BASE else src, plan).to(plan.device).eval()
         with torch.no_grad():
             for (s, temp), fs in work.items():
                 if s != src:
                     continue
                 for i in range(0, len(fs), cfg.eval_batch_size):
                     chunk = fs[i : i + cfg.eval_batch_size]
-                    batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, packed(cfg)).items()}
+                    batch = {k: v.to(plan.device) for k, v in collate(chunk, tok.pad_token_id, plan.packed).items()}
                     if temp <= 0:  # greedy: μ is a point mass on what was chosen
                         values = [0.0] * batch["targets"].numel()
                     else:

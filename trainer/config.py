@@ -2,19 +2,21 @@
 TRL-style: the defaults are the common case (LoRA on every linear layer,
 rejection-sampling `sft` on rewarded calls, the objective benchmarks/learning.py
 found best and safest on logged calls; bf16 on a GPU and fp32 on a CPU), every
-field documented where it is declared.
+field documented where it is declared. Each algorithm's own section (`train.pg`,
+`train.sft`, ...) is declared in its module under trainer/algorithms/ and added
+to `TrainConfig` from there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from nightshift.settings import invalid, setting, validate
 
-ALGORITHMS = ("pg", "awr", "sft", "kto", "dpo")
-CLIP_MODES = ("topr", "ppo", "truncate", "none")
-MU_SOURCES = ("auto", "logged")
-REFERENCES = ("base", "init")
+from . import algorithms
+
+ALGORITHMS = tuple(algorithms.registry())
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 #: The ranks vLLM's `--max-lora-rank` may take (vllm/config/lora.py); an adapter's
 #: `r` must not exceed the server's setting.
@@ -54,72 +56,8 @@ class LoraSettings:
 
 
 @dataclass
-class PGSettings:
-    """Policy gradient on logged calls (trainer/pg.py says why each choice)."""
-
-    clip: str = setting("topr", help="how the ratio pi/mu against the policy mu that made each call enters: topr "
-                                     "(positives without a ratio, negatives with clip(pi/mu, 0, 1)), ppo (PPO's "
-                                     "clipped surrogate against mu), truncate (at most truncate_max) or none; there "
-                                     "is no clip against the policy training starts from: that capped every gain",
-                        choices=CLIP_MODES)
-    epsilon: float = setting(0.2, help="ppo's clip range", bounds="(0, inf)")
-    truncate_max: float = setting(2.0, help="truncate's largest importance weight", bounds="(0, inf)")
-    mu: str = setting("auto", help="where mu's token log-probs come from: auto = logged ones where the row carries "
-                                   "them for our tokens, else recomputed with the weights of the version that made "
-                                   "the call (policy_version) at the request's temperature; logged = only logged ones",
-                      choices=MU_SOURCES)
-    unknown_mu_negatives: float = setting(0.0, help="the ratio given to negative rows whose mu is known neither way "
-                                                    "(0: left out, the safe choice)", bounds="[0, 1]")
-    baseline_offset: float = setting(0.1, help="added to every advantage: the baseline set that much below the mean "
-                                               "(AsymRE, arXiv 2506.20520: above the behaviour policy's mean "
-                                               "collapses training, slightly below is stable)")
-    kl_coef: float = setting(0.0, help="weight of a KL penalty to the reference policy; 0 turns it off and skips "
-                                       "the reference pass", bounds="[0, inf)")
-    reference: str = setting("base", help="the KL's reference: base (the base model, adapter off) or init (the "
-                                          "policy training started from, e.g. the published adapter)",
-                             choices=REFERENCES)
-    normalize_advantages: bool = setting(False, help="rescale advantages to unit standard deviation over the "
-                                                     "training rows (the transform may have normalized them already)")
-
-
-@dataclass
-class AWRSettings:
-    """Advantage-weighted regression (arXiv 1910.00177): the log-likelihood of each call
-    weighted by exp(A / beta), normalized to mean 1 and capped. Never pushes anything
-    down, so it cannot break the format the way negative gradients can."""
-
-    beta: float = setting(0.5, help="temperature of exp(A / beta); low approaches filtered SFT", bounds="(0, inf)")
-    max_weight: float = setting(20.0, help="cap on a row's weight", bounds="(0, inf)")
-
-
-@dataclass
-class KTOSettings:
-    """TRL's KTOTrainer; desirable and undesirable weights balanced from their counts."""
-
-    threshold: float = setting(0.5, help="a row is desirable when its reward is above this")
-    beta: float = setting(0.1, help="KTO's temperature", bounds="(0, inf)")
-
-
-@dataclass
-class DPOSettings:
-    """TRL's DPOTrainer on pairs within a group_id with the same prompt (input messages and tools)."""
-
-    min_margin: float = setting(0.1, help="the highest and lowest reward must differ by at least this",
-                                bounds="[0, inf)")
-    beta: float = setting(0.1, help="DPO's temperature", bounds="(0, inf)")
-
-
-@dataclass
-class SFTSettings:
-    """TRL's SFTTrainer on the best rows (rejection-sampling fine-tuning: the baseline)."""
-
-    threshold: float = setting(0.5, help="train on rows with reward at least this")
-    top_k: int = setting(0, help="with k > 0: only the k best of each group_id among those", bounds="[0, inf)")
-
-
-@dataclass
-class TrainConfig:
-    """The policy, the data, and how training runs."""
+class TrainSettings:
+    """The policy, the data, and how training runs; `TrainConfig` adds each algorithm's section."""
 
     data: str = setting("./nightshift-data", help="the dataset root holding transitions/", metavar="DIR|URL")
     base_model: str = setting("", help="the model to train: a local folder, or a name already in the local Hugging "
@@ -170,11 +108,6 @@ class TrainConfig:
     storage_options: dict = setting(factory=dict, help="passed to fsspec for data and output")
     select: SelectConfig = setting(factory=SelectConfig, help="which rows")
     lora: LoraSettings = setting(factory=LoraSettings, help="the adapter")
-    pg: PGSettings = setting(factory=PGSettings, help="the pg objective")
-    awr: AWRSettings = setting(factory=AWRSettings, help="the awr objective")
-    kto: KTOSettings = setting(factory=KTOSettings, help="the kto objective")
-    dpo: DPOSettings = setting(factory=DPOSettings, help="the dpo objective")
-    sft: SFTSettings = setting(factory=SFTSettings, help="the sft objective")
 
     def rules(self) -> None:
         if not self.base_model:
@@ -182,9 +115,9 @@ class TrainConfig:
                                         "or train.base_model in the YAML)")
         if self.max_steps <= 0 and self.epochs <= 0:
             raise invalid("epochs", "set epochs > 0 or max_steps > 0")
-        if self.algorithm == "kto" and self.batch_size < 2:
-            raise invalid("batch_size", "kto needs batch_size >= 2: its KL term pairs each completion with another "
-                                        "row's prompt")
+        own = algorithms.registry().get(self.algorithm)
+        if own is not None and own.rules is not None:
+            own.rules(self)
         if self.full_finetune and self.init_adapter:
             raise invalid("init_adapter", "init_adapter continues a LoRA adapter; it cannot be combined with "
                                           "full_finetune")
@@ -197,3 +130,15 @@ class TrainConfig:
 
     def served_name(self) -> str:
         return self.served_model_name or self.base_model
+
+
+#: `TrainSettings` with a section per algorithm (`train.pg`, `train.sft`, ...), in
+#: `--algorithm`'s order: the sections come from trainer/algorithms/, so a new
+#: algorithm's settings need no line here.
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig",
+    [(a.name, a.settings, setting(factory=a.settings, help=f"the {a.name} objective"))
+     for a in algorithms.registry().values()],
+    bases=(TrainSettings,),
+    namespace={"__doc__": TrainSettings.__doc__.split(";")[0] + ".", "__module__": __name__},
+)

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from .pg import LOGPROB_CHUNK, collate, completion_logprobs
+from .loop import LOGPROB_CHUNK, collate, completion_logprobs
 
 
 def _kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,6 @@ downloaded: a base model is a local folder or already in the local cache.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ import warnings
 import torch
 
 from .config import TrainConfig
+from .plan import RunPlan, work_out
 from .select import TrainDataError
 
 log = logging.getLogger("nightshift.trainer")
@@ -31,29 +31,12 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def dtype_of(cfg: TrainConfig) -> torch.dtype:
-    if cfg.precision == "bf16":
-        return torch.bfloat16
-    if cfg.precision == "fp16":
-        return torch.float16
-    if cfg.precision == "fp32":
-        return torch.float32
-    return torch.bfloat16 if on_gpu() and torch.cuda.is_bf16_supported() else torch.float32
-
-
-def attention_of(cfg: TrainConfig) -> str:
-    if cfg.attention != "auto":
-        return cfg.attention
-    if on_gpu() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
-
-
 def packed(cfg: TrainConfig) -> bool:
-    """Padding-free batches: with a varlen flash-attention kernel only, unless asked."""
-    if cfg.packing != "auto":
-        return cfg.packing == "on"
-    return attention_of(cfg).startswith("flash_attention")
+    """Whether batches for these settings are packed (the run plan decides; for
+    callers outside a run, e.g. the gate's scoring)."""
+    from .plan import work_out
+
+    return work_out(cfg).packed
 
 
 def _local(path: str, what: str) -> str:
@@ -85,27 +68,29 @@ def load_tokenizer(cfg: TrainConfig):
     return tok
 
 
-def load_base(cfg: TrainConfig, dtype: torch.dtype | None = None):
+def load_base(cfg: TrainConfig, plan: RunPlan | None = None):
     from transformers import AutoModelForCausalLM
 
+    plan = plan or work_out(cfg)
     return AutoModelForCausalLM.from_pretrained(
-        _local(cfg.base_model, "base_model"), dtype=dtype or dtype_of(cfg), attn_implementation=attention_of(cfg))
+        _local(cfg.base_model, "base_model"), dtype=plan.dtype, attn_implementation=plan.attention)
 
 
-def load_version(cfg: TrainConfig, folder: str | None):
+def load_version(cfg: TrainConfig, folder: str | None, plan: RunPlan | None = None):
     """A checkpoint version as a model for scoring (not training): the base with
     its LoRA adapter, its full weights, or (`folder` None) the base itself."""
+    plan = plan or work_out(cfg)
     if not folder:
-        return load_base(cfg)
+        return load_base(cfg, plan)
     from .checkpoint import read_manifest
 
     if read_manifest(folder).get("kind") == "full":
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype_of(cfg), attn_implementation=attention_of(cfg))
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=plan.dtype, attn_implementation=plan.attention)
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(load_base(cfg), folder)
+    return PeftModel.from_pretrained(load_base(cfg, plan), folder)
 
 
 def lora_config(cfg: TrainConfig):
@@ -119,10 +104,10 @@ def lora_config(cfg: TrainConfig):
     )
 
 
-def load_policy(cfg: TrainConfig, base=None):
+def load_policy(cfg: TrainConfig, plan: RunPlan, base=None):
     """The model to train: the base (full fine-tuning), the base with a fresh LoRA
     adapter, or the base with `init_adapter` loaded trainable."""
-    base = base if base is not None else load_base(cfg)
+    base = base if base is not None else load_base(cfg, plan)
     if cfg.full_finetune:
         return base
     from peft import PeftModel, get_peft_model
@@ -133,11 +118,11 @@ def load_policy(cfg: TrainConfig, base=None):
 
 
 @contextlib.contextmanager
-def reference(cfg: TrainConfig, policy, which: str):
+def reference(cfg: TrainConfig, plan: RunPlan, policy, which: str):
     """Yields `fn(batch) -> (logprobs, logits)` of the reference policy: the base
     model (the policy's adapter switched off for the call: no second copy) or the
     policy training started from (`init`: the init adapter, loaded once beside)."""
-    from .pg import completion_logprobs
+    from .loop import completion_logprobs
 
     is_peft = hasattr(policy, "disable_adapter")
     if is_peft and (which == "base" or not cfg.init_adapter):  # a fresh adapter starts as the base
@@ -148,7 +133,7 @@ def reference(cfg: TrainConfig, policy, which: str):
 
         yield off
         return
-    ref = load_base(cfg)
+    ref = load_base(cfg, plan)
     if which == "init" and cfg.init_adapter:
         from peft import PeftModel
 
@@ -158,5 +143,5 @@ def reference(cfg: TrainConfig, policy, which: str):
         yield lambda batch: completion_logprobs(ref, batch, with_logits=True)
     finally:
         del ref
-        if on_gpu():
+        if plan.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -6,8 +6,6 @@ ends up in the summary and in the checkpoint's manifest.
 
 from __future__ import annotations
 
-import os
-
 import dataclasses
 import hashlib
 import json
@@ -19,11 +17,17 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
+from . import algorithms
 from . import checkpoint as ckpt
 from . import examples as ex
+from .algorithms import Prepared
 from .config import TrainConfig
 from .select import TrainDataError, select
+
+if TYPE_CHECKING:
+    from .plan import RunPlan
 
 log = logging.getLogger("nightshift.trainer")
 
@@ -153,18 +157,21 @@ def _last_checkpoint(trainer_dir: Path) -> str:
     return ""
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
+def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> TrainResult:
     """Train one version. Raises `TrainDataError` (a clear message) when there is
-    nothing sound to train on."""
+    nothing sound to train on. `callbacks`: more transformers `TrainerCallback`s
+    (a benchmark's timer, say), after the step line and TensorBoard."""
     cfg.check()
     t_start = time.time()
+    algo = algorithms.get(cfg.algorithm)
 
     # 1. rows ----------------------------------------------------------------------
     selection = select(cfg)
     if not selection.rows:
         reasons = ", ".join(f"{n} {r}" for r, n in selection.excluded.most_common()) or "the window is empty"
         raise TrainDataError(f"no transitions to train on: {selection.scanned} row(s) in the window; left out: {reasons}")
-    from .model import attention_of, dtype_of, load_policy, load_tokenizer, on_gpu, reference
+    from .model import load_policy, load_tokenizer, reference
+    from .plan import work_out
     from .render import require_template
 
     if not progress:
@@ -174,6 +181,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
         import datasets
 
         datasets.disable_progress_bars()
+    plan = work_out(cfg)
     tok = load_tokenizer(cfg)
     require_template(tok, cfg.base_model)
     prepared = ex.prepare(cfg, tok, selection)
@@ -186,14 +194,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
 
     # 2. the algorithm's examples ---------------------------------------------------------
     eval_features = ex.pg_features(prepared.eval)
-    left: Counter = Counter()
-    if cfg.algorithm == "pg":
-        rows = ex.pg_features(train_ex, cfg.pg.normalize_advantages, cfg.pg.baseline_offset)
-    elif cfg.algorithm == "awr":
-        rows = ex.awr_features(train_ex, cfg.awr.beta, cfg.awr.max_weight)
-    else:
-        shape = {"sft": ex.sft_examples, "kto": ex.kto_examples, "dpo": ex.dpo_examples}[cfg.algorithm]
-        rows, left = shape(cfg, train_ex)
+    rows, left = algo.examples(cfg, train_ex)
     excluded += left
     if not rows:
         why = ", ".join(f"{n} {r}" for r, n in left.most_common()) or "none"
@@ -203,22 +204,16 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     import torch
 
     torch.manual_seed(cfg.seed)
-    policy = load_policy(cfg)
-    if on_gpu() and not hasattr(policy, "hf_device_map"):
-        # this process's GPU: under torchrun / accelerate launch each rank has its own
-        policy.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
-    ref_which = cfg.pg.reference if cfg.algorithm == "pg" else "base"
-    with reference(cfg, policy, ref_which) as ref_fn:
-        eval_before = _evaluate(cfg, policy, eval_features, tok, ref_fn)
-        if cfg.algorithm == "pg" and cfg.pg.kl_coef > 0:
-            _attach_logprobs(cfg, rows, tok, lambda b: ref_fn(b)[0], policy, "ref_logprobs")
-    mu = None
-    if cfg.algorithm == "pg" and cfg.pg.clip != "none":
-        from . import behaviour
-
-        mu = behaviour.attach(cfg, rows, tok, next(policy.parameters()).device)
-        for k, n in mu.counts.items():
-            prepared.logged[f"mu_{k}"] = n
+    policy = load_policy(cfg, plan)
+    if plan.device.type == "cuda" and not hasattr(policy, "hf_device_map"):
+        policy.to(plan.device)
+    ref_which = algo.reference(cfg)
+    extra = Prepared()
+    with reference(cfg, plan, policy, ref_which) as ref_fn:
+        eval_before = _evaluate(cfg, plan, policy, eval_features, tok, ref_fn)
+        if algo.before_training is not None:
+            extra = algo.before_training(cfg, plan, policy, tok, rows, ref_fn)
+    prepared.logged.update(extra.logged)
 
     # 4. train --------------------------------------------------------------------------
     run_key = _run_key(cfg, selection.content_hash())
@@ -227,9 +222,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     resume = _last_checkpoint(trainer_dir)
     if resume:
         log.warning("resuming the interrupted run %s from %s", run_key, resume)
-    from .trainers import make_trainer
+    from .loop import callbacks as standard_callbacks
+    from .loop import training_args
 
-    trainer = make_trainer(cfg, policy, tok, rows, trainer_dir, run_dir / "tensorboard", progress)
+    trainer = algo.trainer(cfg, plan, policy, tok, rows, training_args(cfg, plan, trainer_dir, progress),
+                           standard_callbacks(cfg, plan, run_dir / "tensorboard") + list(callbacks))
     from transformers import PrinterCallback, ProgressCallback
 
     # the step line (steplog.StepLog) replaces transformers' printed log dicts; the
@@ -250,8 +247,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     result_path = version = ""
     eval_after: dict = {}
     if trainer.is_world_process_zero():
-        with reference(cfg, policy, ref_which) as ref_fn:
-            eval_after = _evaluate(cfg, policy, eval_features, tok, ref_fn)
+        with reference(cfg, plan, policy, ref_which) as ref_fn:
+            eval_after = _evaluate(cfg, plan, policy, eval_features, tok, ref_fn)
         # 6. the version ------------------------------------------------------------------
         ckpt.clean_stale(cfg.output)
         staged = ckpt.staging_dir(cfg.output, _work_dir(cfg))
@@ -276,8 +273,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
                 "metrics": {
                     "train": {"loss": out.training_loss, "steps": steps, "tokens": tokens, "seconds": train_seconds,
                               "tokens_per_second": tokens / train_seconds if train_seconds else None,
-                              "precision": str(dtype_of(cfg)).removeprefix("torch."), "attention": attention_of(cfg),
-                              "device": torch.cuda.get_device_name(0) if on_gpu() else "cpu",
+                              "precision": plan.precision, "attention": plan.attention, "packed": plan.packed,
+                              "device": plan.device_name, **extra.manifest,
                               "resumed_from": Path(resume).name if resume else None},
                     "eval": {"before": eval_before, "after": eval_after},
                 },
@@ -290,11 +287,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
             raise
         shutil.rmtree(run_dir, ignore_errors=True)  # done: nothing left to resume
     trainer.accelerator.wait_for_everyone()
-    notes = [prepared.split_note] if prepared.split_note else []
-    if mu is not None and mu.versions:
-        notes.append("μ producers: " + ", ".join(f"{v} {n:,}" for v, n in sorted(mu.versions.items())))
-    if mu is not None and mu.drift is not None:
-        notes.append(f"logged vs recomputed μ: mean |Δ log μ| {mu.drift:.4f} per token over {mu.drift_tokens:,} tokens")
+    notes = ([prepared.split_note] if prepared.split_note else []) + extra.notes
     if prepared.first_error:
         notes.append(f"first chat template error: {prepared.first_error}")
     log.info("train: %s in %.1f s", version, time.time() - t_start)
@@ -307,37 +300,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     )
 
 
-def _evaluate(cfg: TrainConfig, policy, features: list[dict], tok, ref_fn) -> dict:
+def _evaluate(cfg: TrainConfig, plan: RunPlan, policy, features: list[dict], tok, ref_fn) -> dict:
     from .evaluate import evaluate
 
     if not features:
         return {}
-    from .model import packed
-
-    return evaluate(policy, features, tok.pad_token_id, cfg.eval_batch_size, packed(cfg), ref_fn)
-
-
-def _attach_logprobs(cfg: TrainConfig, rows: list[dict], tok, fn, policy, key: str) -> int:
-    """Log-probs of every training token under a fixed policy (the reference's, for
-    the KL penalty), computed once before training. Returns the rows touched."""
-    import torch
-
-    from .model import packed
-    from .pg import collate
-
-    device = next(policy.parameters()).device
-    was_training = policy.training
-    policy.eval()
-    with torch.no_grad():
-        for i in range(0, len(rows), cfg.eval_batch_size):
-            chunk = rows[i : i + cfg.eval_batch_size]
-            batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, packed(cfg)).items()}
-            seq = batch["tok_seq"].tolist()
-            values = fn(batch).float().cpu().tolist()
-            for j, f in enumerate(chunk):
-                f[key] = [v for v, s in zip(values, seq) if s == j]
-    policy.train(was_training)
-    return len(rows)
+    return evaluate(policy, features, tok.pad_token_id, cfg.eval_batch_size, plan.packed, ref_fn)
 
 
 def _save_model(cfg: TrainConfig, trainer, tok, staged: Path) -> str:

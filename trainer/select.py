@@ -16,6 +16,7 @@ import fsspec
 import polars as pl
 import pyarrow.dataset as pads
 
+from . import algorithms
 from .config import TrainConfig
 
 
@@ -97,7 +98,7 @@ def scan(cfg: TrainConfig) -> pl.LazyFrame:
     dataset = pads.dataset(files, filesystem=fs, format="parquet")
     names = set(dataset.schema.names)
     missing = [c for c in REQUIRED if c not in names]
-    if cfg.algorithm in ("pg", "awr") and "advantage" not in names:
+    if algorithms.get(cfg.algorithm).needs_advantage and "advantage" not in names:
         missing.append("advantage")
     if missing:
         raise TrainDataError(
@@ -170,12 +171,13 @@ def select(cfg: TrainConfig) -> Selection:
 def _unusable(r: dict, cfg: TrainConfig) -> str:
     """Why a row cannot be trained on, or "" when it can."""
     reward = r["reward"]
+    needs_advantage = algorithms.get(cfg.algorithm).needs_advantage
     if reward is None:
-        if cfg.select.require_reward or cfg.algorithm not in ("pg", "awr"):
+        if cfg.select.require_reward or not needs_advantage:
             return "no reward"
     elif not math.isfinite(reward):
         return "reward not finite (NaN or infinite)"
-    if cfg.algorithm in ("pg", "awr"):
+    if needs_advantage:
         adv = r["advantage"]
         if adv is None:
             return "no advantage (a call the credit strategy left uncredited)"

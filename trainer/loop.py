@@ -1,109 +1,30 @@
-"""`pg`: policy gradient on logged calls, as a custom loss on transformers'
-`Trainer` (its loop, optimizer, accumulation, checkpoints, resumption, DDP/FSDP
-under `accelerate launch` or `torchrun`); `awr` shares it.
-
-Every row is one LLM call with a credit-assigned advantage A, produced by some
-earlier policy μ (the base model, or an older published adapter). The default
-(`clip: topr`, Tapered Off-Policy REINFORCE, arXiv 2503.14286) is what works on
-such data: positive rows get the plain A·∇log π, with no importance ratio, so
-nothing caps how far a good action may rise; negative rows get the ratio
-truncated to clip(π/μ, 0, 1), so an action the policy already left behind is
-not pushed further down (the push that squeezes mass into malformed output).
-Negatives whose μ is unknown get `unknown_mu_negatives` as their ratio (0: left
-out). `ppo`, `truncate` and `none` are the classic surrogates against μ. Token
-losses are averaged within a sequence, then sequences are weighted by the
-transition's `weight` (1/calls of its trajectory) so a long trajectory does not
-outvote a short one. `awr` (advantage-weighted regression) is the same loop with
-non-negative weights exp(A/β) in place of A and no ratio at all.
+"""The training loop the algorithms share (all but kto and dpo, which are TRL's):
+transformers' `Trainer` (its optimizer, schedule, logging, checkpoints and
+resumption, DDP under `accelerate launch` or `torchrun`) with one loss hook,
+an algorithm's `objective(logp, batch) -> (loss, stats)` on the log-probs of
+the completion tokens only, fed batches of token features (`collate`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from transformers import Trainer
 
-from .config import PGSettings
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .plan import RunPlan
+
+#: objective(log π of the completion tokens [K], the batch) -> (loss, figures for the step line)
+Objective = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 #: Completion tokens whose log-softmax is computed at once: bounds the float32
 #: copy of the logits (tokens x vocabulary) a large vocabulary would need.
 LOGPROB_CHUNK = 1024
-
-
-def pg_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    tok_seq: torch.Tensor,
-    seq_weight: torch.Tensor,
-    *,
-    clip: str = "topr",
-    epsilon: float = 0.2,
-    truncate_max: float = 2.0,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    unknown_mu_negatives: float = 0.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy-gradient loss of a batch, and what a person watching it wants to see.
-
-    logp: [K] log π of the completion tokens of every sequence, concatenated.
-    old_logp: [K] logged log μ of the same tokens, NaN where unknown (ratio 1).
-    adv: [B] advantage of each sequence. tok_seq: [K] the sequence of each token.
-    seq_weight: [B] weight of each sequence. ref_logp: [K] reference log-probs,
-    for the k3 estimate of KL(π‖ref) (non-negative, unbiased) times `kl_coef`.
-    """
-    b = adv.shape[0]
-    logged = ~torch.isnan(old_logp)
-    old = torch.where(logged, old_logp, logp.detach())
-    ratio = torch.exp(logp - old)
-    a = adv[tok_seq].to(logp.dtype)
-    if clip == "topr":
-        # positives: ratio 1 (plain A·∇log π); negatives: clip(π/μ, 0, 1) as a fixed
-        # weight where μ is known, `unknown_mu_negatives` where it is not
-        neg = a < 0
-        w = torch.where(logged, ratio.detach().clamp(max=1.0), torch.full_like(ratio, unknown_mu_negatives))
-        w = torch.where(neg, w, torch.ones_like(w))
-        obj = w * logp * a
-        clip_frac = (neg & logged & (ratio.detach() > 1.0)).float()
-    elif clip == "ppo":
-        clipped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
-        obj = torch.minimum(ratio * a, clipped * a)
-        clip_frac = ((ratio * a) > (clipped * a)).float()
-    elif clip == "truncate":
-        w = ratio.detach().clamp(max=truncate_max)
-        obj = w * logp * a  # its gradient is min(r, c)·A·∇log π
-        clip_frac = (ratio.detach() > truncate_max).float()
-    else:
-        obj = ratio * a
-        clip_frac = torch.zeros_like(ratio)
-    tok_loss = -obj
-    kl = None
-    if ref_logp is not None and kl_coef > 0:
-        d = ref_logp - logp
-        kl = torch.exp(d) - d - 1.0
-        tok_loss = tok_loss + kl_coef * kl
-    ones = torch.ones_like(tok_loss)
-    n_tok = torch.zeros(b, dtype=tok_loss.dtype, device=tok_loss.device).index_add(0, tok_seq, ones)
-    seq_loss = torch.zeros(b, dtype=tok_loss.dtype, device=tok_loss.device).index_add(0, tok_seq, tok_loss)
-    seq_loss = seq_loss / n_tok.clamp(min=1.0)
-    loss = (seq_loss * seq_weight.to(seq_loss.dtype)).sum() / b
-    with torch.no_grad():
-        stats = {
-            "pg/ratio_mean": ratio.mean().item(),
-            "pg/ratio_max": ratio.max().item() if ratio.numel() else 1.0,
-            "pg/clip_frac": clip_frac.mean().item() if clip_frac.numel() else 0.0,
-            "pg/logged_frac": logged.float().mean().item() if logged.numel() else 0.0,
-            "pg/logp_mean": logp.mean().item() if logp.numel() else 0.0,
-            "pg/adv_mean": adv.float().mean().item(),
-        }
-        if clip == "topr":
-            stats["pg/neg_weight_mean"] = w[a < 0].mean().item() if bool((a < 0).any()) else 1.0
-        if kl is not None:
-            stats["pg/kl"] = kl.mean().item()
-    return loss, stats
 
 
 def completion_logprobs(model, batch: dict[str, torch.Tensor], *, with_logits: bool = False,
@@ -188,14 +109,14 @@ def collate(features: list[dict[str, Any]], pad_id: int, packed: bool = True) ->
     batch["targets"] = torch.tensor(targets, dtype=torch.long)
     batch["tok_seq"] = torch.tensor(tok_seq, dtype=torch.long)
     batch["old_logprobs"] = torch.tensor(old, dtype=torch.float32)
-    batch["advantage"] = torch.tensor([float(f["advantage"]) for f in features], dtype=torch.float32)
-    batch["weight"] = torch.tensor([float(f["weight"]) for f in features], dtype=torch.float32)
+    batch["advantage"] = torch.tensor([float(f.get("advantage") or 0.0) for f in features], dtype=torch.float32)
+    batch["weight"] = torch.tensor([float(f.get("weight", 1.0)) for f in features], dtype=torch.float32)
     if has_ref:
         batch["ref_logprobs"] = torch.tensor(ref, dtype=torch.float32)
     return batch
 
 
-class PGCollator:
+class Collator:
     """`collate` with the tokenizer's pad id bound (picklable for DataLoader workers)."""
 
     def __init__(self, pad_id: int, packed: bool = True):
@@ -205,36 +126,101 @@ class PGCollator:
         return collate(features, self.pad_id, self.packed)
 
 
-class PGTrainer(Trainer):
-    """transformers' Trainer with the policy-gradient (or AWR) loss; everything else (loop,
-    optimizer, schedule, accumulation, logging, checkpoints) is the Trainer's."""
+class Rows:
+    """A list as a map-style dataset (token features are ragged lists)."""
 
-    def __init__(self, *args, pg: PGSettings, awr: bool = False, **kwargs):
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.rows[i]
+
+
+class LoopTrainer(Trainer):
+    """transformers' Trainer whose loss is an algorithm's `objective` on the
+    completion tokens' log-probs; everything else (loop, optimizer, schedule,
+    accumulation, logging, checkpoints) is the Trainer's."""
+
+    def __init__(self, *args, objective: Objective, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pg, self.awr = pg, awr
+        self.objective = objective
         self.model_accepts_loss_kwargs = False  # scale by accumulation steps, not token counts
         self._stats: dict[str, list[float]] = defaultdict(list)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         logp = completion_logprobs(model, inputs)
-        old = inputs["old_logprobs"]
-        if self.awr:  # weights already in `advantage`, no ratio: weighted log-likelihood
-            old = torch.full_like(old, math.nan)
-        loss, stats = pg_loss(
-            logp, old, inputs["advantage"], inputs["tok_seq"], inputs["weight"],
-            clip="none" if self.awr else self.pg.clip, epsilon=self.pg.epsilon, truncate_max=self.pg.truncate_max,
-            ref_logp=inputs.get("ref_logprobs"), kl_coef=self.pg.kl_coef,
-            unknown_mu_negatives=self.pg.unknown_mu_negatives,
-        )
+        loss, stats = self.objective(logp, inputs)
         if model.training:
             for k, v in stats.items():
                 self._stats[k].append(v)
-            self._stats["pg/completion_tokens"].append(float(logp.numel()))
+            self._stats["completion_tokens"].append(float(logp.numel()))
         return (loss, {"logp": logp}) if return_outputs else loss
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs and self._stats:
             for k, v in self._stats.items():
-                logs[k] = sum(v) if k == "pg/completion_tokens" else sum(v) / len(v)
+                logs[k] = sum(v) if k == "completion_tokens" else sum(v) / len(v)
             self._stats.clear()
         super().log(logs, *args, **kwargs)
+
+
+def training_args(cfg: TrainConfig, plan: RunPlan, out_dir: Path, progress: bool) -> dict:
+    """The TrainingArguments every trainer shares: what makes a run fast on a GPU
+    and deterministic on a CPU, checkpoints to resume from, no reporting of its own."""
+    return dict(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.learning_rate,
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps if cfg.max_steps > 0 else -1,
+        warmup_steps=cfg.warmup,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        lr_scheduler_type="linear",
+        logging_steps=cfg.logging_steps,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=2,
+        report_to="none",  # TensorBoard is added as a callback writing where we say
+        bf16=plan.dtype == torch.bfloat16,
+        fp16=plan.dtype == torch.float16,
+        use_cpu=plan.device.type != "cuda",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        torch_compile=cfg.compile,
+        dataloader_num_workers=0,
+        disable_tqdm=not progress,
+        include_num_input_tokens_seen="non_padding",
+        eval_strategy="no",
+    )
+
+
+def callbacks(cfg: TrainConfig, plan: RunPlan, tb_dir: Path) -> list:
+    """The step line, then TensorBoard (it writes the figures the step line adds)."""
+    from .steplog import StepLog
+
+    out: list = [StepLog(device_name=plan.device_name)]
+    if not cfg.tensorboard:
+        return out
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    tb_dir.mkdir(parents=True, exist_ok=True)
+    return out + [TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
+
+
+def make_trainer(plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list,
+                 objective: Objective) -> LoopTrainer:
+    """A `LoopTrainer` on token features (`examples.pg_features`' shape)."""
+    from transformers import TrainingArguments
+
+    if not plan.packed:
+        args = {**args, "train_sampling_strategy": "group_by_length"}  # little padding without packing
+    return LoopTrainer(model=model, args=TrainingArguments(**args, remove_unused_columns=False),
+                       train_dataset=Rows(rows), data_collator=Collator(tok.pad_token_id, plan.packed),
+                       processing_class=tok, callbacks=callbacks, objective=objective)
