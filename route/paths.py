@@ -50,6 +50,10 @@ FORWARDED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/v1/embeddings", "embeddings"),
 )
 _FORWARDED = [(method, re.compile(pattern), what) for method, pattern, what in FORWARDED]
+_EXACT: dict[str, list[str]] = {}  # the paths without an id: one lookup on the hot path
+for _method, _pattern, _ in FORWARDED:
+    if _ID not in _pattern:
+        _EXACT.setdefault(_pattern, []).append(_method)
 
 #: vLLM's routes that change or inspect the server (0.3x: serve/lora, serve/dev, rl, profiling,
 #: elastic EP). Refused like any path outside FORWARDED; these get a 403 that says why.
@@ -62,6 +66,7 @@ ADMIN = frozenset((
 ))
 
 _UNSAFE_QUERY = re.compile(rb"[^\x21-\x7e]|#")
+_PLAIN = re.compile(rb"[A-Za-z0-9/_.~@:!$&'()*+,;=-]*")
 
 
 class PathError(ValueError):
@@ -92,6 +97,8 @@ def parse(raw: str) -> Target:
             raise PathError(f"the request target {raw[:80]!r} is not a path")
         data = (parts.path + ("?" + parts.query if parts.query else "")).encode("utf-8", "surrogateescape")
     path, _, query = data.partition(b"?")
+    if b"//" not in path and b"/." not in path and _PLAIN.fullmatch(path) and not _UNSAFE_QUERY.search(query):
+        return Target(path.decode().rstrip("/") or "/", query)  # what agents send: nothing to decode or resolve
     try:
         decoded = unquote_to_bytes(path).decode("utf-8")
     except UnicodeDecodeError:
@@ -123,7 +130,7 @@ class Verdict:
 
 def judge(method: str, path: str) -> Verdict:
     """May `method path` (canonical) go to the upstream?"""
-    methods = [m for m, pattern, _ in _FORWARDED if pattern.fullmatch(path)]
+    methods = _EXACT.get(path) or [m for m, pattern, _ in _FORWARDED if pattern.fullmatch(path)]
     if method in methods:
         return Verdict()
     if methods:

@@ -35,7 +35,7 @@ from .config import RouteConfig
 from .headers import HeaderError, to_client, to_upstream
 from .metrics import Metrics
 from .paths import Target, judge
-from .rewrite import RewriteError, model_span, with_model
+from .rewrite import RewriteError, read, with_model
 from .table import RouteTable
 from .upstream import Exchange, Pool, UpstreamError, tls_context
 
@@ -55,25 +55,6 @@ def error(status: int, etype: str, message: str, headers: dict | None = None) ->
     body = {"error": {"message": message, "type": etype, "param": None, "code": status}}
     return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json",
                         headers=headers)
-
-
-def _big_int(text: str) -> int | str:
-    """Integers past Python's 4,300 digits parse as their text: valid JSON, which
-    the proxy reads only for `model` and the sticky key, and passes on as sent."""
-    return int(text) if len(text) < 4300 else text
-
-
-def parse_body(body: bytes) -> dict | None:
-    """The body as a JSON object, None when it is not one (not UTF-8, not JSON, not
-    an object: the upstream answers it as sent), or RecursionError when it nests
-    deeper than Python's parser goes (the proxy cannot tell what it asks for)."""
-    if body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
-        return None
-    try:
-        obj = json.loads(body.decode("utf-8"), parse_int=_big_int)
-    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def _is_missing(status: int, body: bytes) -> bool:
@@ -166,18 +147,18 @@ class Proxy:
             return error(413, "RequestEntityTooLarge", f"the request body is larger than {self.cfg.max_body_bytes} "
                          "bytes (route.max_body_bytes)")
         try:
-            obj = parse_body(body) if request.method == "POST" else None
+            parsed = read(body) if request.method == "POST" else None
         except RecursionError:
             return error(400, "BadRequestError", "nightshift route: the JSON body nests too deeply to be read")
-        model = obj.get("model") if obj is not None else None
+        model = parsed.obj.get("model") if parsed is not None else None
         route = self.table.get(model) if isinstance(model, str) else None
         if route is None:
             return await self._send(request, head, t0, body, None, "-", ["-"], [])
         try:
-            span = model_span(body)
+            span = parsed.model_span()
         except RewriteError as e:
             return error(400, "BadRequestError", f"nightshift route: {e}")
-        kind, key = sticky_key(request.headers, obj)
+        kind, key = sticky_key(request.headers, parsed.obj)
         chosen, arm, x = choose(route, key)
         targets = [chosen] + ([route.serving] if chosen == route.candidate else [])
         targets += [] if model in targets else [model]

@@ -14,51 +14,94 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+from json.decoder import scanstring
 
-# A JSON string (escapes skipped whole), or one structural character. Numbers,
-# literals and whitespace fall between tokens: the body was parsed before this runs.
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:,]', re.DOTALL)
-_OPEN, _CLOSE, _COMMA, _COLON, _QUOTE = b"{[", b"}]", ord(","), ord(":"), ord('"')
+_WS = re.compile(r"[ \t\n\r]*")
 
 
 class RewriteError(ValueError):
     """A body whose `model` cannot be replaced safely; the message says why."""
 
 
-def _is_model(key: bytes) -> bool:
-    if key == b'"model"':
-        return True
-    return b"\\" in key and json.loads(key) == "model"
+def _big_int(text: str) -> int | str:
+    """Integers past Python's 4,300 digits read as their text: valid JSON, which the
+    proxy reads only for `model` and the sticky key, and passes on as sent."""
+    return int(text) if len(text) < 4300 else text
 
 
-def model_span(body: bytes) -> tuple[int, int]:
-    """Where the top-level `model`'s string value lies in `body` (a JSON object
-    already known to parse, whose `model` is a string), quotes included."""
-    depth, want_key, key_is_model, after_colon = 0, False, False, False
-    spans: list[tuple[int, int] | None] = []
-    for m in _TOKEN.finditer(body):
-        c = body[m.start()]
-        if after_colon:  # the token right after a top-level `"model":`
-            after_colon = False
-            spans.append(m.span() if c == _QUOTE else None)
-        if c == _QUOTE:
-            if depth == 1 and want_key:
-                want_key, key_is_model = False, _is_model(m.group())
-        elif c in _OPEN:
-            depth += 1
-            want_key = depth == 1 and c == ord("{")
-        elif c in _CLOSE:
-            depth -= 1
-        elif depth == 1:
-            if c == _COMMA:
-                want_key = True
-            elif c == _COLON and key_is_model:
-                key_is_model, after_colon = False, True
-    if len(spans) != 1:
-        raise RewriteError(f"the body has {len(spans)} top-level `model` keys; send one")
-    if spans[0] is None:
-        raise RewriteError("the body's top-level `model` is not a string")
-    return spans[0]
+_DECODER = json.JSONDecoder(parse_int=_big_int)
+
+
+@dataclass
+class Body:
+    """A request body read as a JSON object: `obj` as json.loads would give it (the
+    last of duplicate keys kept), and where each top-level `model` value lies."""
+
+    obj: dict
+    text: str
+    ascii: bool  # one byte per character: text offsets are byte offsets
+    models: list[tuple[int, int, bool]]  # (start, end) in `text` and whether it is a string
+
+    def model_span(self) -> tuple[int, int]:
+        """The byte span of the one top-level `model`'s string value, quotes included."""
+        if len(self.models) != 1:
+            raise RewriteError(f"the body has {len(self.models)} top-level `model` keys; send one")
+        start, end, is_string = self.models[0]
+        if not is_string:
+            raise RewriteError("the body's top-level `model` is not a string")
+        if self.ascii:
+            return start, end
+        first = len(self.text[:start].encode())
+        return first, first + len(self.text[start:end].encode())
+
+
+def read(body: bytes) -> Body | None:
+    """The body as a JSON object, or None when it is not one (not UTF-8, not JSON,
+    not an object: the upstream answers it as sent). RecursionError when it nests
+    deeper than Python's parser goes. One pass: the top level walked here, each
+    value parsed by json's own C scanner, which also says where the value ends."""
+    if body[:1] not in (b"{", b" ", b"\n", b"\r", b"\t"):
+        return None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    ws, scan = _WS.match, _DECODER.scan_once
+    obj: dict = {}
+    models: list[tuple[int, int, bool]] = []
+    try:
+        i = ws(text, 0).end()
+        if text[i:i + 1] != "{":
+            return None
+        i = ws(text, i + 1).end()
+        if text[i:i + 1] == "}":
+            i += 1
+        else:
+            while True:
+                if text[i:i + 1] != '"':
+                    return None
+                key, i = scanstring(text, i + 1, True)
+                i = ws(text, i).end()
+                if text[i:i + 1] != ":":
+                    return None
+                start = ws(text, i + 1).end()
+                value, i = scan(text, start)
+                if key == "model":
+                    models.append((start, i, isinstance(value, str)))
+                obj[key] = value
+                i = ws(text, i).end()
+                c, i = text[i:i + 1], i + 1
+                if c == "}":
+                    break
+                if c != ",":
+                    return None
+                i = ws(text, i).end()
+        if ws(text, i).end() != len(text):
+            return None
+    except (ValueError, StopIteration):  # JSONDecodeError, or the scanner's "no value here"
+        return None
+    return Body(obj, text, len(text) == len(body), models)
 
 
 def with_model(body: bytes, span: tuple[int, int], model: str) -> bytes:
