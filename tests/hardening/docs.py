@@ -157,3 +157,26 @@ def security_section(results: dict) -> str:
                        f"{x['quiet_p50_ms']:.1f} / {x['quiet_p99_ms']:.1f} ms | {x['noisy_answers'].get('http:200', 0)} / "
                        f"{x['noisy_answers'].get('http:429', 0)} / {x['noisy_answers'].get('http:503', 0)} |")
     return "\n".join(out)
+
+
+def route_fuzz_section(r: dict, args) -> str:
+    rows = [
+        ("cases", f"{r['cases']:,} to one `nightshift route` process over loopback, in front of a scripted stand-in "
+                  f"for vLLM ({r['wall_s']:.0f} s, {r['cases'] / max(r['wall_s'], 1e-9):,.0f} cases/s)"),
+        ("server errors (a 5xx the upstream did not answer, or no answer)", str(r["server_errors"])),
+        ("a status other than the case's", str(r["wrong_code"])),
+        ("refused requests the upstream heard of anyway", str(r["reached_upstream"])),
+        ("forwarded requests that never reached it", str(r["not_forwarded"])),
+        ("forwarded but not byte for byte (body beyond `model`, path, headers that must not cross)",
+         str(r["altered"])),
+        ("tracebacks in the proxy's log", str(r["tracebacks"])),
+        ("healthy afterwards; SIGTERM exit code", f"{r['healthy_after']}; {r['exit_code']}"),
+    ]
+    out = [stamp(f"python tests/hardening/route_fuzz.py --cases {args.cases} --seed {args.seed}"), "", _table(rows), "",
+           "Answers: " + ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_code"].items())) + " (the 500s are the "
+           "stand-in's own, on purpose).", "",
+           "Cases by generator: " + ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_kind"].items())) + "."]
+    if r["failures"]:
+        out += ["", "Failures (first 10):", ""] + [f"- `{f['case_id']}` {f['kind']}: {f['what']}"
+                                                   for f in r["failures"][:10]]
+    return "\n".join(out)

@@ -12,7 +12,7 @@ agent sends and break one thing: bodies (nesting 2,000 to 200,000 deep, numbers
 past float and int, invalid UTF-8, lone surrogates, duplicate keys, `model` with
 escapes, whitespace or a non-string, a `model` nested where it is not the
 request's, wrong types, truncation, bodies over the limit, chunked uploads),
-headers (not UTF-8, 10 KB long, Authorization twice, odd Host, Cookie,
+headers (not UTF-8, 9 and 70 KB long, Authorization twice, odd Host, Cookie,
 X-Forwarded-For and the like, compressed bodies), paths (vLLM's admin routes
 spelt every way a router decodes: `%5F`, `%2F`, dot segments, doubled slashes,
 case, query strings, absolute form; unknown paths; wrong methods) and the
