@@ -1,0 +1,243 @@
+"""log π of completion tokens without full-vocabulary logits.
+
+A row of agent data is ~6k prompt tokens and ~400 completion tokens; only the
+completion's positions need the LM head, and even those need only one number
+each (the target's log-probability), not a row of 151,936 logits kept for
+backward. So the head runs on completion positions only, a chunk of tokens at a
+time, and each chunk's logits are dropped as soon as its log-probabilities are
+out: backward recomputes them chunk by chunk (torch.utils.checkpoint). Peak
+memory is one chunk's logits (`LOGIT_CHUNK_ELEMENTS`), whatever the vocabulary
+and the batch; the price is one more head matmul per completion token.
+
+How the head is reached matters under DDP: the model's forward must be entered
+through the outer module's __call__ so the reducer sees every parameter the loss
+uses. The head is therefore swapped, for the duration of one forward, for a
+module that calls the original head chunk by chunk from inside the forward
+(`_swapped_head`). The original head module is what computes the logits, so a
+LoRA on the head, tied embeddings and full fine-tuning all get their gradients.
+
+Compared (see benchmarks/gpu_kernels.py for the GPU figures): TRL's
+`ChunkedLogProbFunction` (trl.kernels, what SFTTrainer's default loss uses)
+tiles the vocabulary too and folds tiles with a Triton kernel, accumulating
+gradients in fp32; it reads `lm_head.weight` directly, so a LoRA'd head gets no
+gradient. Liger's fused linear cross-entropy computes the gradient during the
+forward (no recompute) but only for a cross-entropy whose upstream gradient is
+known then, not for pg's per-token weights; it is the slowest in TRL's H100
+microbenchmark. Apple's Cut Cross-Entropy is the fastest and smallest there but
+needs Triton on CUDA and has no CPU path. Checkpointed chunks are plain torch:
+the same code on a CPU test and a GPU run, any head module, any loss on top.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .attention import PACKED_KEYS
+
+#: Logit elements (tokens x vocabulary) one chunk may hold: 2^26 is 256 MiB in
+#: fp32, ~440 tokens of a 152k vocabulary; its softmax and gradient are about as
+#: much again in backward. Large enough that the head's matmuls stay efficient.
+LOGIT_CHUNK_ELEMENTS = 1 << 26
+
+
+@dataclass
+class CompletionStates:
+    """The final hidden state at each completion token's predicting position, and
+    the head that turns a chunk of them into logits: what an exact KL needs
+    without keeping anyone's [K, V] logits."""
+
+    hidden: torch.Tensor  # [K, H]
+    head: Callable[[torch.Tensor], torch.Tensor]
+
+
+def completion_logprobs(model, batch: dict[str, torch.Tensor], *, temperature: float = 1.0,
+                        chunk_tokens: int | None = None) -> torch.Tensor:
+    """log π of every completion token in `batch` (trainer.pg.collate's dict), [K]
+    float32, differentiable. `temperature`: the distribution a server sampled
+    from, log softmax(logits / T). `chunk_tokens`: tokens per head chunk (default:
+    `LOGIT_CHUNK_ELEMENTS` / vocabulary)."""
+    targets = batch["targets"]
+
+    def head_fn(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return _chunked_logprobs(head, hidden, targets.to(hidden.device), temperature, chunk_tokens)
+
+    return _forward(model, batch, head_fn)
+
+
+def completion_states(model, batch: dict[str, torch.Tensor]) -> CompletionStates:
+    """The policy's `CompletionStates` on `batch` (one forward, no logits kept)."""
+    box: list[torch.nn.Module] = []
+
+    def capture(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        box.append(head)
+        return hidden
+
+    hidden = _forward(model, batch, capture)
+    return CompletionStates(hidden, box[0])
+
+
+def adapter_off(policy) -> Callable[[dict[str, torch.Tensor]], CompletionStates]:
+    """`CompletionStates` of a PEFT policy with its adapter switched off (the base
+    model as a reference, no second copy): the head is re-applied inside
+    `disable_adapter()` too, so a LoRA on the head is off there as well."""
+
+    def states(batch: dict[str, torch.Tensor]) -> CompletionStates:
+        with policy.disable_adapter():
+            st = completion_states(policy, batch)
+
+        def head(h: torch.Tensor) -> torch.Tensor:
+            with policy.disable_adapter():
+                return st.head(h)
+
+        return CompletionStates(st.hidden, head)
+
+    return states
+
+
+def completion_logprobs_and_kl(model, batch: dict[str, torch.Tensor],
+                               ref: CompletionStates | Callable[[dict[str, torch.Tensor]], CompletionStates],
+                               *, chunk_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π [K], KL(π‖ref) [K]) at every completion token, exact over the full
+    next-token distributions, with at most one chunk of each model's logits alive.
+    `ref`: the reference's states, or a function of the batch giving them (e.g.
+    `completion_states` bound to a reference model, or `adapter_off(policy)`)."""
+    mine = completion_states(model, batch)
+    theirs = ref if isinstance(ref, CompletionStates) else ref(batch)
+    targets = batch["targets"].to(mine.hidden.device)
+    k = mine.hidden.shape[0]
+    if theirs.hidden.shape[0] != k:
+        raise ValueError(f"completion_logprobs_and_kl: the reference gave {theirs.hidden.shape[0]} completion "
+                         f"positions for the policy's {k}")
+    step = _chunk(chunk_tokens, mine.head, mine.hidden)
+    logps, kls = [], []
+    for i in range(0, k, step):
+        p = torch.log_softmax(mine.head(mine.hidden[i:i + step]).float(), -1)
+        q = torch.log_softmax(theirs.head(theirs.hidden[i:i + step].to(mine.hidden.device)).float().to(p.device), -1)
+        logps.append(p.gather(-1, targets[i:i + step, None]).squeeze(-1))
+        kls.append((p.exp() * (p - q)).sum(-1))
+    if not logps:
+        empty = mine.hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logps), torch.cat(kls)
+
+
+# --- inside the forward --------------------------------------------------------------------------------
+
+def _forward(model, batch: dict[str, torch.Tensor],
+             head_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One forward of `model` (through its own __call__: DDP, PEFT, accelerate's
+    hooks all see it) with the head replaced by `head_fn(original_head, hidden at
+    the completion positions [K, H])`; returns what head_fn returned."""
+    extra = {k: batch[k] for k in PACKED_KEYS if batch.get(k) is not None}
+    rows, cols = batch["tok_row"], batch["tok_col"]
+
+    def at_completions(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        picked = hidden[rows.to(hidden.device), cols.to(hidden.device)]  # [B, n, H] -> [K, H]
+        return head_fn(head, picked)
+
+    with _swapped_head(model, at_completions):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                    position_ids=batch.get("position_ids"), logits_to_keep=batch["logit_index"],
+                    use_cache=False, **extra)
+    return out.logits
+
+
+class _HeadSwap(torch.nn.Module):
+    """Stands where the LM head was for one forward; the original head is held
+    outside the module tree (not registered) so no parameter changes its name."""
+
+    def __init__(self, head: torch.nn.Module, fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]):
+        super().__init__()
+        object.__setattr__(self, "_head", head)
+        object.__setattr__(self, "_fn", fn)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._fn(self._head, hidden)
+
+
+#: Models whose forward changes the head's output after the head (softcapping,
+#: scaling): their "logits" would be log-probabilities bent out of shape.
+_POST_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
+
+
+@contextlib.contextmanager
+def _swapped_head(model, fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    lm = _causal_lm(model)
+    cfg = getattr(lm, "config", None)
+    bent = [a for a in _POST_HEAD if cfg is not None and getattr(cfg, a, None) not in (None, 1.0)]
+    if bent:
+        raise ValueError(f"completion log-probs: {type(lm).__name__} transforms its logits after the head "
+                         f"({', '.join(bent)}), which the chunked head does not reproduce")
+    head = lm.get_output_embeddings()
+    parent, name = _parent_of(lm, head)
+    parent._modules[name] = _HeadSwap(head, fn)
+    try:
+        yield
+    finally:
+        parent._modules[name] = head
+
+
+def _causal_lm(model) -> torch.nn.Module:
+    """The transformers CausalLM inside DDP / torch.compile / PEFT wrappers."""
+    m = model
+    while True:
+        if isinstance(m, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            m = m.module
+        elif hasattr(m, "_orig_mod"):
+            m = m._orig_mod
+        elif hasattr(m, "get_base_model") and callable(m.get_base_model) and m.get_base_model() is not m:
+            m = m.get_base_model()
+        else:
+            break
+    if not hasattr(m, "get_output_embeddings") or m.get_output_embeddings() is None:
+        raise ValueError(f"completion log-probs: {type(m).__name__} has no output embeddings (LM head)")
+    return m
+
+
+def _parent_of(root: torch.nn.Module, target: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    for parent in root.modules():
+        for name, child in parent._modules.items():
+            if child is target:
+                return parent, name
+    raise ValueError(f"completion log-probs: cannot find the LM head inside {type(root).__name__}")
+
+
+# --- the chunked head ----------------------------------------------------------------------------------
+
+def _chunk(chunk_tokens: int | None, head: Callable, hidden: torch.Tensor) -> int:
+    if chunk_tokens is not None:
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
+        return chunk_tokens
+    vocab = getattr(head, "out_features", None) or getattr(getattr(head, "weight", None), "shape", [0])[0]
+    return max(1, LOGIT_CHUNK_ELEMENTS // max(int(vocab), 1))
+
+
+def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                     temperature: float) -> torch.Tensor:
+    """log softmax(head(hidden) / T)[target], computed in fp32 like the plain path."""
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                      chunk_tokens: int | None) -> torch.Tensor:
+    if hidden.shape[0] == 0:  # still connected to the graph: an empty micro-batch backpropagates zeros
+        return hidden.sum(-1).float()
+    step = _chunk(chunk_tokens, head, hidden)
+    grads = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    parts = []
+    for i in range(0, hidden.shape[0], step):
+        h, t = hidden[i:i + step], targets[i:i + step]
+        if grads:  # keep only h; backward recomputes this chunk's logits
+            parts.append(checkpoint(_target_logprobs, head, h, t, temperature, use_reentrant=False))
+        else:
+            parts.append(_target_logprobs(head, h, t, temperature))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
