@@ -9,7 +9,7 @@
 # Parts, in this order, each under its own `timeout` with its own log in $OUT, so a
 # part that hangs or dies costs that part only and every finished part comes back:
 #   install    .whl/*.whl into /tmp/site and the project into /tmp/ns (nothing downloaded)
-#   gpu-tests  pytest -m gpu on the trainer's tests (the kernels' CUDA checks among them)
+#   gpu-tests  pytest -m gpu on the trainer's and the benchmark's tests (the kernels' CUDA checks among them)
 #   bench      benchmarks/train_gpu.py; its --budget-s is what the part has left, so it skips
 #              the runs it cannot finish (TRL's peers first) rather than being cut off mid-run
 #   kernels    benchmarks/gpu_kernels.py, where it exists (attention and log-prob options timed)
@@ -95,7 +95,7 @@ if wants gpu-tests; then
   limit=$(( $(left) - reserve < GPU_TESTS_S ? $(left) - reserve : GPU_TESTS_S ))
   # files that cannot be collected here (a test dependency the image lacks) are reported, not fatal
   part gpu-tests "$limit" "$OUT/gpu-tests.log" "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider \
-    --continue-on-collection-errors --junitxml="$OUT/gpu-tests.xml" tests/test_trainer_*.py
+    --continue-on-collection-errors --junitxml="$OUT/gpu-tests.xml" tests/test_trainer_*.py tests/test_bench_train.py
 fi
 
 if wants bench; then

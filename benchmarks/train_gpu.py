@@ -30,9 +30,11 @@ so a short --budget-s cuts the peers first:
                               except max_length, raised to the longest row (its 1024
                               would cut every completion away), and auto_find_batch_size
                               (HF's own answer to an OOM: halve the batch and retry)
---memory-gib caps a run with torch.cuda.set_per_process_memory_fraction before it
-allocates anything, to show it fits a smaller card (default: 40 GiB for 7b, the
-issue's target; none for the others; TRL's runs are never capped).
+--memory-gib N makes a run's GPU a smaller card before it allocates anything: a
+ballast tensor takes all but N GiB of the free memory (what the memory plan reads
+shrinks as on that card) and torch.cuda.set_per_process_memory_fraction stops the
+allocator at N GiB beyond it; peaks are reported without the ballast (default: 40
+GiB for 7b, the issue's target; none for the others; TRL's runs are never capped).
 
 tokens/s: prompt + completion tokens trained on (no padding), between the end of
 the warm-up steps and the last step. MFU = useful model FLOPs per second / peak,
@@ -90,10 +92,9 @@ STEPS = {"0.5b": 12, "1.5b": 12, "7b": 8, "tiny": 4}
 #: The memory cap a model runs under unless --memory-gib says otherwise: the
 #: issue's 7B target is "fits 40 GiB".
 DEFAULT_CAP_GIB = {"7b": 40}
-#: The tiny CPU mode shrinks rows by this much, and the trainer's tokens per step
-#: by TINY_STEP_SCALE (a few rows a step, like the GPU's ~10, in seconds of CPU).
-TINY_SCALE = 16
-TINY_STEP_SCALE = 32
+#: The tiny CPU mode shrinks rows by this much (~200 tokens), and the trainer's
+#: tokens per step as much (~10 rows a step, as on the GPU), to run in seconds.
+TINY_SCALE = 32
 DATASHEET_TFLOPS = 989.0
 RUNS = ("sft", "pg", "trl")
 #: Issue 25's targets.
@@ -439,8 +440,12 @@ def run_nightshift(task: Task, gpu: bool) -> dict:
     manifest = json.loads((Path(res.path) / "manifest.json").read_text()) if res.path else {}
     strings = _strings(manifest) + list(res.notes)
     plan = next((s for s in strings if s.startswith("memory plan")), "")
-    notes += [s for s in res.notes if "out of memory" in s.lower() or "oom" in s.lower()]
     train_m = manifest.get("metrics", {}).get("train", {})
+    plan_lines = list(getattr(res, "plan", None) or ([plan] if plan else []))
+    at_end = train_m.get("memory_plan_at_end")
+    if at_end and at_end not in plan_lines:
+        notes.append(f"after out-of-memory retries: {at_end}")
+    notes += [s for s in res.notes if "out of memory" in s.lower() or "oom" in s.lower()]
     mu_s, mu_tokens = watch.mu_s, watch.mu_tokens
     if not mu_s:  # the summary's own line, where mu's cost is reported apart
         for line in res.lines():
@@ -449,7 +454,7 @@ def run_nightshift(task: Task, gpu: bool) -> dict:
     targs = trainer.args
     return dict(tps=watch.tokens_per_s(), steps=watch.steps, timed_tokens=watch.n1 - watch.n0,
                 train_s=float(res.seconds), mu_s=mu_s, mu_tokens=mu_tokens, mu_rows=watch.mu_rows,
-                plan=plan, attention=str(train_m.get("attention") or getattr(trainer.model.config,
+                plan=plan_lines, attention=str(train_m.get("attention") or getattr(trainer.model.config,
                                                                               "_attn_implementation", "?")),
                 precision=str(train_m.get("precision", "")),
                 micro_batch=int(targs.per_device_train_batch_size), accumulation=int(targs.gradient_accumulation_steps),
@@ -484,7 +489,7 @@ def run_trl(task: Task, gpu: bool) -> dict:
         trainer.train()
     checkpointing = bool(getattr(conf, "gradient_checkpointing", False))
     return dict(tps=watch.tokens_per_s(), steps=watch.steps, timed_tokens=watch.n1 - watch.n0, mu_s=0.0,
-                mu_tokens=0, mu_rows=0, plan="", attention=str(model.config._attn_implementation),
+                mu_tokens=0, mu_rows=0, plan=[], attention=str(model.config._attn_implementation),
                 precision="bf16" if gpu else "fp32", micro_batch=int(trainer.args.per_device_train_batch_size),
                 accumulation=int(conf.gradient_accumulation_steps), checkpointing=checkpointing,
                 params=body_params(trainer.accelerator.unwrap_model(trainer.model)),
@@ -492,6 +497,32 @@ def run_trl(task: Task, gpu: bool) -> dict:
                        f"{checkpointing}, packing={conf.packing}, padding_free={conf.padding_free}, "
                        f"loss_type={conf.loss_type}; max_length {task.longest:,} (the longest row)"
                        + ("; auto_find_batch_size" if gpu else "")], device=str(torch.device("cuda" if gpu else "cpu")))
+
+
+@dataclass
+class Ballast:
+    tensor: object
+    allocated: int
+    reserved: int
+    free_after: int
+
+
+def smaller_card(cap_gib: float) -> Ballast | None:
+    """Makes this process's GPU look like a card with cap_gib free, before the run
+    allocates anything: a ballast tensor takes the rest of the free memory (so
+    cudaMemGetInfo, which the memory plan reads, reports cap_gib free, as on the
+    smaller card), and torch.cuda.set_per_process_memory_fraction stops the
+    allocator at the ballast plus cap_gib. None when the card has no more than that."""
+    import torch
+
+    cap = int(cap_gib * GIB)
+    free, total = torch.cuda.mem_get_info()
+    tensor, allocated, reserved = None, 0, 0
+    if free > cap:
+        tensor = torch.empty(free - cap, dtype=torch.uint8, device="cuda")
+        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (reserved + cap) / total), 0)
+    return Ballast(tensor, allocated, reserved, torch.cuda.mem_get_info()[0]) if tensor is not None else None
 
 
 def child(job_file: str) -> int:
@@ -503,10 +534,8 @@ def child(job_file: str) -> int:
 
     tasks = [Task(**t) for t in json.loads(Path(job_file).read_text())]
     gpu = torch.cuda.is_available()
-    total = torch.cuda.get_device_properties(0).total_memory if gpu else 0
     cap = max(t.cap_gib for t in tasks)
-    if gpu and cap:  # before anything is allocated: the allocator's ceiling for this process
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap * GIB / total), 0)
+    ballast = smaller_card(cap) if gpu and cap else None
     for task in tasks:
         result: dict = {"task": asdict(task), "name": task.name}
         t_start = time.perf_counter()
@@ -525,9 +554,11 @@ def child(job_file: str) -> int:
             first = (str(e).strip().splitlines() or [""])[0][:300]
             result.update(status="failed", error=("out of memory: " if oom else f"{type(e).__name__}: ") + first)
             log(f"{task.shape}: {task.name} failed: {result['error']}")
-        if gpu:
-            result["peak_alloc"] = torch.cuda.max_memory_allocated()
-            result["peak_reserved"] = torch.cuda.max_memory_reserved()
+        if gpu:  # the ballast standing for the rest of the card is not the run's
+            result["peak_alloc"] = torch.cuda.max_memory_allocated() - (ballast.allocated if ballast else 0)
+            result["peak_reserved"] = torch.cuda.max_memory_reserved() - (ballast.reserved if ballast else 0)
+            if ballast:
+                result["card_free_gib"] = ballast.free_after / GIB
         result["wall_s"] = time.perf_counter() - t_start
         emit({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()})
         gc.collect()
@@ -609,7 +640,7 @@ def describe(r: dict, rows: Rows, peak_tflops: float, measured: float | None, gp
     f_tok = flops_per_token(r["params"], rows)
     mfu = tps * f_tok / (peak_tflops * 1e12) if gpu else float("nan")
     mfu_meas = tps * f_tok / (measured * 1e12) if gpu and measured else float("nan")
-    notes = [r["attention"]]
+    notes = [r["attention"]] + ([f"card of {r['card_free_gib']:.1f} GiB free"] if r.get("card_free_gib") else [])
     if not r.get("plan"):  # the plan line, where there is one, says what the trainer chose
         notes += [f"micro-batch {r['micro_batch']} x {r['accumulation']}",
                   "checkpointing" if r["checkpointing"] else "no checkpointing"]
@@ -621,7 +652,7 @@ def describe(r: dict, rows: Rows, peak_tflops: float, measured: float | None, gp
                  + (f", model built in {r['build_s']:.0f} s" if r.get("build_s") else ""))
     lines = [row_line([task["shape"], r["name"], cap, harness.fmt(tps), pct_s(mfu), pct_s(mfu_meas),
                        gib(r.get("peak_alloc")), gib(r.get("peak_reserved")), str(r["steps"]), "; ".join(notes)])]
-    lines += [f"        {x}" for x in ([r["plan"]] if r.get("plan") else []) + r.get("notes", [])]
+    lines += [f"        {x}" for x in list(r.get("plan") or []) + r.get("notes", [])]
     return lines, {"tps": tps, "mfu": mfu, "reserved": (r.get("peak_reserved") or 0) / GIB}
 
 
@@ -790,10 +821,10 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_step = args.tokens_per_step or getattr(cfg, "tokens_per_step", 0)
     scaled = {}
     if args.tiny and tokens_per_step and args.tokens_per_step is None:
-        tokens_per_step = max(1024, tokens_per_step // TINY_STEP_SCALE)
+        tokens_per_step = max(1024, tokens_per_step // TINY_SCALE)
         scaled = {"tokens_per_step": tokens_per_step}
-        say(f"note: tiny rows are {TINY_SCALE}x shorter than agent rows; the defaults runs take "
-            f"tokens_per_step {tokens_per_step:,} ({TINY_STEP_SCALE}x below the default) to stay a few rows a step")
+        say(f"note: tiny rows are {TINY_SCALE}x shorter than agent rows, and the defaults runs' tokens_per_step "
+            f"too: {tokens_per_step:,}")
     mean_row = args.prompt_tokens + args.completion_tokens + 30
     per_step = tokens_per_step or (args.batch_size or cfg.batch_size) * mean_row
     need = {m: int((args.steps or STEPS[m]) * per_step * 1.15 / mean_row) + 8 for m in models}

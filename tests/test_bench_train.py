@@ -45,13 +45,14 @@ def test_train_benchmark_runs_every_path_at_tiny_size(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
     assert "--memory-gib 24 is ignored on a CPU" in out
-    # the rows' real token counts, rendered: near the tiny scale's asked-for means (6000/16, 400/16),
-    # none past the longest allowed (16384/16)
+    # the rows' real token counts, rendered: near the asked-for mean prompt (6000 tokens at the tiny
+    # scale; the template adds ~30), none past the longest allowed (16384 at that scale)
+    scale = _bench().TINY_SCALE
     prompt = re.search(r"prompt\s+mean ([\d,]+)", out)
     total_max = re.search(r"total\s+mean [\d,]+, .* max ([\d,]+);", out)
     assert prompt and total_max, out
-    assert 375 * 0.8 <= int(prompt[1].replace(",", "")) <= 375 * 1.3, prompt[0]
-    assert int(total_max[1].replace(",", "")) <= 1024, total_max[0]
+    assert 0.8 <= int(prompt[1].replace(",", "")) / (6000 / scale) <= 1.4, prompt[0]
+    assert int(total_max[1].replace(",", "")) <= 16384 // scale, total_max[0]
     tps, steps = {}, {}
     for name in NAMES:
         # the first line per run: printed as it ended (the summary repeats it)
@@ -136,3 +137,73 @@ def test_body_parameters_from_the_config_are_those_of_the_model():
     assert bench.body_params(model) == bench.shape_params("tiny", len(tok))
     # the published non-embedding counts (Qwen2.5 model cards: 0.36B, 1.31B, 6.53B)
     assert [round(bench.shape_params(m)[0] / 1e9, 2) for m in ("0.5b", "1.5b", "7b")] == [0.36, 1.31, 6.53]
+
+
+class _FakeCuda:
+    """Just the CUDA memory calls smaller_card makes, on a card with `free` of `total`
+    bytes free: allocations reserve in 2 MiB blocks, like the caching allocator."""
+
+    def __init__(self, free: int, total: int):
+        self.free, self.total, self.reserved, self.fraction = free, total, 0, 1.0
+
+    def mem_get_info(self, device=None):
+        return self.free, self.total
+
+    def memory_allocated(self, device=None):
+        return self.reserved
+
+    def memory_reserved(self, device=None):
+        return self.reserved
+
+    def set_per_process_memory_fraction(self, fraction, device=None):
+        self.fraction = fraction
+
+    def take(self, n: int) -> object:
+        n = -(-n // (2 << 20)) * (2 << 20)
+        self.reserved += n
+        self.free -= n
+        return object()
+
+
+@pytest.mark.parametrize("free_gib,cap_gib", [(139.0, 40.0), (79.0, 24.0), (30.0, 40.0)])
+def test_a_memory_cap_makes_the_card_look_that_small_to_the_plan_and_the_allocator(monkeypatch, free_gib, cap_gib):
+    import torch
+
+    bench, gib = _bench(), 1 << 30
+    fake = _FakeCuda(int(free_gib * gib), int(140 * gib))
+    for name in ("mem_get_info", "memory_allocated", "memory_reserved", "set_per_process_memory_fraction"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda n, dtype=None, device=None: fake.take(n) if device == "cuda"
+                        else real_empty(n, dtype=dtype))
+    ballast = bench.smaller_card(cap_gib)
+    if free_gib <= cap_gib:  # a card no bigger than the cap: left as it is
+        assert ballast is None and fake.fraction == pytest.approx(cap_gib / 140)
+        return
+    # what the memory plan reads (cudaMemGetInfo) is the small card's free memory, within a block
+    assert fake.free == pytest.approx(cap_gib * gib, abs=2 << 20) and ballast.free_after == fake.free
+    # the allocator may go cap_gib beyond the ballast, no further; the ballast is left out of the peaks
+    assert fake.fraction * fake.total == pytest.approx(ballast.reserved + cap_gib * gib)
+    assert ballast.reserved == ballast.allocated == fake.reserved
+
+
+@pytest.mark.gpu
+def test_a_memory_cap_on_a_real_gpu_stops_the_run_at_the_cap():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    bench, gib = _bench(), 1 << 30
+    torch.cuda.empty_cache()
+    ballast = bench.smaller_card(4.0)
+    try:
+        assert ballast is not None
+        assert torch.cuda.mem_get_info()[0] == pytest.approx(4 * gib, abs=64 << 20)
+        fits = torch.empty(3 * gib, dtype=torch.uint8, device="cuda")
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(2 * gib, dtype=torch.uint8, device="cuda")  # 3 + 2 > 4 GiB
+        del fits
+    finally:
+        del ballast
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
