@@ -456,3 +456,99 @@ def test_shrink_halves_then_checkpoints_more_then_halves_to_one_row_then_gives_u
     assert "out of memory at micro-batch" in seen[1].notes[-1] and "retried with" in seen[1].notes[-1]
     assert seen[0].notes == []  # pure: the plan shrunk is left as it was
 
+
+
+# --- on a GPU (the lead runs these on the lent machine) ----------------------------------------------------
+
+def _gpu_case(shape: ModelShape, lengths: list[int], checkpoint_layers: int, completion: int = 400):
+    """Train steps of a randomly initialized model of `shape` (bf16, LoRA r16 all-linear,
+    autocast as accelerate sets it, AdamW) on one-sequence micro-batches of `lengths`
+    tokens, the last `completion` of each through the chunked completion-only head:
+    (max allocated, max reserved, the estimate for the longest)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from nightshift.trainer.logprobs import completion_logprobs
+
+    device = torch.device("cuda")
+    config = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                         num_key_value_heads=shape.kv_heads, max_position_embeddings=shape.max_positions,
+                         tie_word_embeddings=shape.tied, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with device:
+            base = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    assert ModelShape.from_config(base.config).params() == sum(p.numel() for p in base.parameters())
+    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0))
+    model.train()
+    flags = checkpoint_flags(shape.layers, "selective", checkpoint_layers)
+    if any(flags):
+        base.activation_checkpointing_enable()
+        for layer, on in zip(base.model.layers, flags):
+            layer.gradient_checkpointing = on
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+
+    def step(n: int) -> None:
+        ids = torch.randint(0, shape.vocab, (1, n), device=device)
+        k = min(completion, n - 1)
+        batch = {"input_ids": ids, "position_ids": torch.arange(n, device=device)[None],
+                 "logit_index": torch.arange(n - k - 1, n - 1, device=device),
+                 "tok_row": torch.zeros(k, dtype=torch.long, device=device),
+                 "tok_col": torch.arange(k, device=device), "targets": ids[0, n - k:]}
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = -completion_logprobs(model, batch).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step(1024)  # AdamW's moments, cuBLAS's workspace
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for n in lengths:
+        step(n)
+    torch.cuda.synchronize()
+    allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    ck = "off" if checkpoint_layers == 0 else "full" if checkpoint_layers >= shape.layers else "selective"
+    est = estimate_peak(shape, micro_batch_tokens=max(lengths), lora_r=16, dtype_bytes=2, checkpointing=ck,
+                        checkpoint_layers=checkpoint_layers, attention="sdpa", head="chunked",
+                        logits_positions=completion)
+    del model, base, opt
+    torch.cuda.empty_cache()
+    return allocated, reserved, est
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name,layers_checkpointed", [("0.5b", 0), ("0.5b", 24), ("7b", "plan")])
+def test_gpu_estimate_and_allocator_overhead_on_the_new_path(name, layers_checkpointed):
+    """The plan's own configuration on the device: one-sequence micro-batches of 9k
+    to 16k tokens (the allocator meets several shapes), no mask (flash kernel),
+    completion-only chunked head. max_memory_allocated within 15 % of the estimate
+    (as the table), and max_memory_reserved within the estimate plus
+    ALLOCATOR_OVERHEAD, the share the plan keeps for the allocator. The 7B case
+    runs what plan() chooses for 16k-token rows on a 60 GiB budget. The figures go
+    to $OUT/memory_gpu.txt when the run has an $OUT."""
+    import os
+
+    shape = qwen("7b", **QWEN_7B, tied=False) if name == "7b" else qwen(name, **SHAPES_B853C89[name])
+    k = layers_checkpointed
+    if k == "plan":
+        p = plan(shape, tokens_per_step=65536, longest_row=16384, completion_share=400 / 16384, **card(60))
+        assert p.micro_batch_tokens == 16384, p.line()
+        k = p.checkpointed_layers
+    allocated, reserved, est = _gpu_case(shape, [16384, 12288, 15000, 9000], k)
+    line = (f"{name} {k}/{shape.layers} layers checkpointed, 16,384 tokens: allocated {allocated / GIB:.2f} GiB, "
+            f"estimated {est / GIB:.2f} GiB ({est / allocated - 1:+.1%}), reserved {reserved / GIB:.2f} GiB "
+            f"(reserved/allocated {reserved / allocated:.3f}, reserved/estimate {reserved / est:.3f})")
+    print(line)
+    if os.environ.get("OUT"):
+        with open(Path(os.environ["OUT"]) / "memory_gpu.txt", "a") as f:
+            f.write(line + "\n")
+    assert abs(est / allocated - 1) <= TOLERANCE, line
+    assert reserved <= est * ALLOCATOR_OVERHEAD, line

@@ -40,9 +40,11 @@ TOKEN_QUANTUM = 1024
 #: prefers no checkpointing at >= this many tokens over checkpointing at more.
 EFFICIENT_TOKENS = 8192
 #: Reserved / allocated bytes of PyTorch's caching allocator with micro-batches of
-#: varying shapes: what the allocator keeps around the peak (rounding, blocks split
-#: between sizes). The table's figures are allocated bytes, so it cannot say; 1.10
-#: is the ratio the lent H200 measured (see tests/test_trainer_memory.py, gpu mark).
+#: varying shapes: what it keeps around the peak (rounding to blocks, blocks split
+#: between sizes). The table's figures are allocated bytes, so it cannot say: 1.10
+#: is an assumption (the usual 5-10 % of fragmentation), not a measurement; the
+#: gpu-marked test in tests/test_trainer_memory.py checks reserved <= estimate x
+#: this on the lent GPU, and the OOM retry (`shrink`) covers a wrong guess.
 ALLOCATOR_OVERHEAD = 1.10
 #: Logit elements (tokens x vocabulary) per chunk of the completion-only LM head
 #: (trainer/logprobs.py, LOGIT_CHUNK_ELEMENTS: a test keeps the two equal).
@@ -192,9 +194,12 @@ def head_bytes(shape: ModelShape, *, head: str, dtype_bytes: int, tokens: int, p
     f32 = 0 if b == 4 else 4  # an fp32 copy, unless the logits already are fp32
     if head == "chunked":
         chunk = min(positions, max(1, HEAD_CHUNK_ELEMENTS // v)) * v
-        # hidden at the completions (kept) and its gradient; one chunk's logits, their
-        # fp32 copy, logsumexp's exp and the gradient, in fp32 then the logits' dtype
-        return positions * d * (b + 4) + chunk * (b + f32 + 12 + (b if f32 else 0))
+        # hidden at the completions (kept) and its gradient; then, while one chunk is
+        # recomputed and differentiated, its fp32 logits (kept by logsumexp), their
+        # exp(x - lse), and the two gradients that meet (logsumexp's and gather's),
+        # all fp32: 16 bytes an element in bf16 and fp32 alike (the compute-dtype
+        # logits are freed as soon as they are upcast)
+        return positions * d * (b + 4) + chunk * 16
     if head == "kept":
         region = positions if region is None else region
         forward = region * v * (b + f32)  # the logits as the model returns them, and accelerate's fp32 copy
