@@ -22,7 +22,8 @@ so a tail of prompts reaches --max-tokens (16k). Just enough rows for the steps.
 Runs, each in its own process (an OOM or a crash costs that run only; its line is
 printed as soon as it ends), every model's sft first, then pg, then the TRL peer,
 so a short --budget-s cuts the peers first:
-  nightshift sft (defaults)   `nightshift train` as a user runs it; eval off
+  nightshift sft (defaults)   `nightshift train` as a user runs it, without the held-out
+                              evaluation unless --eval
   nightshift pg (defaults)    the same with pg: mu recomputed from the base for every
                               row (the rows name the base model), timed apart
   trl sft default             SFTTrainer with SFTConfig's defaults (batch 8, padding,
@@ -234,6 +235,7 @@ class Task:
     longest: int
     settings: dict = field(default_factory=dict)  # explicit train settings; empty: the defaults
     scaled: dict = field(default_factory=dict)  # the tiny mode's defaults shrunk with its rows
+    evaluate: bool = False  # keep the trainer's held-out split and its evaluation before and after
     build: bool = False  # build the model folder first (the shape's first run)
     matmul: bool = False  # measure the bf16 matmul peak first (the first run)
 
@@ -422,8 +424,10 @@ def run_nightshift(task: Task, gpu: bool) -> dict:
 
     cfg = TrainConfig()
     conf = dict(data=task.data, base_model=task.model_dir, output=task.out, served_model_name=task.served,
-                algorithm=task.run, max_steps=task.steps, eval_fraction=0.0, tensorboard=False, save_steps=10**6,
-                logging_steps=1, sft={"threshold": -1.0})
+                algorithm=task.run, max_steps=task.steps, tensorboard=False, save_steps=10**6, logging_steps=1,
+                sft={"threshold": -1.0})
+    if not task.evaluate:
+        conf["eval_fraction"] = 0.0
     notes = []
     if not hasattr(cfg, "tokens_per_step") and "max_length" not in task.settings:
         # a trainer before issue 25: its max_length (2048) leaves every agent row out
@@ -488,15 +492,17 @@ def run_trl(task: Task, gpu: bool) -> dict:
     with Watch(task.warmup) as watch:
         trainer.train()
     checkpointing = bool(getattr(conf, "gradient_checkpointing", False))
+    ran_at = int(getattr(trainer, "_train_batch_size", conf.per_device_train_batch_size))  # after any halving
     return dict(tps=watch.tokens_per_s(), steps=watch.steps, timed_tokens=watch.n1 - watch.n0, mu_s=0.0,
                 mu_tokens=0, mu_rows=0, plan=[], attention=str(model.config._attn_implementation),
-                precision="bf16" if gpu else "fp32", micro_batch=int(trainer.args.per_device_train_batch_size),
+                precision="bf16" if gpu else "fp32", micro_batch=ran_at,
                 accumulation=int(conf.gradient_accumulation_steps), checkpointing=checkpointing,
                 params=body_params(trainer.accelerator.unwrap_model(trainer.model)),
                 notes=[f"SFTConfig defaults: batch {conf.per_device_train_batch_size}, gradient_checkpointing="
                        f"{checkpointing}, packing={conf.packing}, padding_free={conf.padding_free}, "
                        f"loss_type={conf.loss_type}; max_length {task.longest:,} (the longest row)"
-                       + ("; auto_find_batch_size" if gpu else "")], device=str(torch.device("cuda" if gpu else "cpu")))
+                       + (f"; auto_find_batch_size: ran at batch {ran_at}" if gpu else "")],
+                device=str(torch.device("cuda" if gpu else "cpu")))
 
 
 @dataclass
@@ -648,8 +654,11 @@ def describe(r: dict, rows: Rows, peak_tflops: float, measured: float | None, gp
         rate = r["mu_tokens"] / r["mu_s"]
         notes.append(f"mu: {r['mu_rows']} rows recomputed in {r['mu_s']:.1f} s ({rate:,.0f} tokens/s; "
                      "not in tokens/s)")
-    notes.append(f"{r['wall_s']:.0f} s in all" + (f", training {r['train_s']:.0f} s" if r.get("train_s") else "")
-                 + (f", model built in {r['build_s']:.0f} s" if r.get("build_s") else ""))
+    other = r["wall_s"] - (r.get("train_s") or 0) - (r.get("mu_s") or 0) - (r.get("build_s") or 0)
+    notes.append(f"{r['wall_s']:.0f} s in all" + (f": training {r['train_s']:.0f} s" if r.get("train_s") else "")
+                 + (f", mu {r['mu_s']:.0f} s" if r.get("mu_s") else "")
+                 + (f", model built {r['build_s']:.0f} s" if r.get("build_s") else "")
+                 + (f", the rest (imports excluded: rows, load, plan, save) {other:.0f} s" if r.get("train_s") else ""))
     lines = [row_line([task["shape"], r["name"], cap, harness.fmt(tps), pct_s(mfu), pct_s(mfu_meas),
                        gib(r.get("peak_alloc")), gib(r.get("peak_reserved")), str(r["steps"]), "; ".join(notes)])]
     lines += [f"        {x}" for x in list(r.get("plan") or []) + r.get("notes", [])]
@@ -681,6 +690,7 @@ def plan_tasks(args: argparse.Namespace, root: Path, longest: dict[str, int], gp
                                   data=str(root / f"data-{shape}"), model_dir=str(root / f"model-{shape}"),
                                   out=str(root / f"out-{tag}"), served=f"bench/{shape}", longest=longest[shape],
                                   settings=settings if run != "trl" else {}, scaled=dict(scaled or {}),
+                                  evaluate=args.eval,
                                   build=shape not in built))
                 built.add(shape)
     if tasks:
@@ -756,6 +766,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="skip runs that would not end within this many seconds of the start")
     ap.add_argument("--peak-tflops", type=float, default=DATASHEET_TFLOPS, help="the datasheet peak MFU is read against")
+    ap.add_argument("--eval", action="store_true",
+                    help="keep the trainer's held-out split (eval_fraction) and its evaluation before and after "
+                         "training: its memory and time count in the run's peak and wall time")
     ap.add_argument("--results", default="", help="also append each run's raw result (JSON lines) to this file")
     for flag, kind, what in (("--tokens-per-step", int, "train.tokens_per_step"), ("--max-length", int, "train.max_length"),
                              ("--batch-size", int, "train.batch_size"),

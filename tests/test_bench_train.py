@@ -76,7 +76,7 @@ def test_train_benchmark_runs_every_path_at_tiny_size(tmp_path):
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(models="0.5b,1.5b,7b", runs="sft,pg,trl", steps=0, warmup=-1, memory_gib="auto",
+    base = dict(models="0.5b,1.5b,7b", runs="sft,pg,trl", steps=0, warmup=-1, memory_gib="auto", eval=False,
                 tokens_per_step=None, max_length=None, batch_size=None, checkpointing=None)
     base.update(kw)
     return argparse.Namespace(**base)
