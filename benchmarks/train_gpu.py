@@ -842,7 +842,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"note: tiny rows are {TINY_SCALE}x shorter than agent rows, and the defaults runs' tokens_per_step "
             f"too: {tokens_per_step:,}")
     mean_row = args.prompt_tokens + args.completion_tokens + 30
-    per_step = tokens_per_step or (args.batch_size or cfg.batch_size) * mean_row
+    rows_per_step = args.batch_size or (0 if tokens_per_step else cfg.batch_size)  # batch_size > 0 wins
+    per_step = rows_per_step * mean_row if rows_per_step else tokens_per_step
     need = {m: int((args.steps or STEPS[m]) * per_step * 1.15 / mean_row) + 8 for m in models}
     t = time.perf_counter()
     texts = make_rows(max(need.values()), args, tok, args.seed)
