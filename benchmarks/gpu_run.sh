@@ -69,8 +69,8 @@ else
   KERNELS_TINY=""
   [ -d .whl ] || { echo "no .whl/ here: run ../shared/gpu/prepare.sh on the CPU machine and carry .whl" >&2; exit 9; }
   t0=$(date +%s)
-  if ! { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-         && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/ns . ; } > "$OUT/install.log" 2>&1; then
+  if ! { timeout 150 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+         && timeout 120 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/ns . ; } > "$OUT/install.log" 2>&1; then
     echo "install: FAILED (see install.log)" | tee -a "$OUT/summary.txt"
     tail -20 "$OUT/install.log"
     exit 9
