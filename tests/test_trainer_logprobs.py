@@ -9,6 +9,7 @@ Tolerances: fp32 on a CPU, the same matmuls in other groupings: values within
 
 from __future__ import annotations
 
+import math
 import socket
 
 import pytest
@@ -124,10 +125,12 @@ def saved_for_backward(fn) -> list[tuple[int, ...]]:
     return shapes
 
 
-def test_no_vocabulary_sized_tensor_kept_for_backward(tok):
-    """What backward keeps: the plain path holds the [K, V] logits (the check
-    sees them), the chunked path not even one chunk of them (recomputed)."""
-    model = model_for(tok, "qwen2", "lora")
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_no_vocabulary_sized_tensor_kept_for_backward(tok, kind):
+    """What backward keeps: the plain path holds the [K, V] logits (the check sees
+    them); the chunked path not even one chunk of them, whether the head is
+    frozen (LoRA: each token's gradient vector kept) or trains (recomputed)."""
+    model = model_for(tok, "qwen2", kind)
     batch = collate(features(tok), tok.pad_token_id, True)
     vocab, k = model.config.vocab_size, batch["targets"].numel()
 
@@ -136,6 +139,23 @@ def test_no_vocabulary_sized_tensor_kept_for_backward(tok):
 
     assert logit_rows(saved_for_backward(lambda: plain_logprobs(model, batch))) >= k
     assert logit_rows(saved_for_backward(lambda: logprobs.completion_logprobs(model, batch, chunk_tokens=4))) == 0
+
+
+@pytest.mark.parametrize("kind, calls_per_chunk", [("lora", 1), ("full", 2)])
+def test_frozen_head_is_not_recomputed(tok, kind, calls_per_chunk):
+    """A frozen head runs once per chunk (its gradient comes with the forward); a
+    head that trains runs again in backward."""
+    model = model_for(tok, "llama", kind)
+    head = model.get_output_embeddings()
+    calls = []
+    handle = head.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
+    try:
+        batch = collate(features(tok), tok.pad_token_id, True)
+        logprobs.completion_logprobs(model, batch, chunk_tokens=8).sum().backward()
+    finally:
+        handle.remove()
+    k = batch["targets"].numel()
+    assert sum(calls) == calls_per_chunk * k and len(calls) == calls_per_chunk * math.ceil(k / 8)
 
 
 def test_empty_completion_backpropagates_zero(tok):

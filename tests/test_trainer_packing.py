@@ -289,6 +289,7 @@ def test_choices_on_a_cpu():
 # --- on a GPU (the lead runs these on the lent machine) ------------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+GPU = torch.device("cuda")  # a name, so the bodies below can be rehearsed on a CPU with stand-in kernels
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -300,8 +301,10 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def test_gpu_varlen_kernel_matches_sdpa():
     """torch's kernel through `call_varlen`, bf16, ragged GQA sequences (1 to 1500
     tokens): output and gradients no further from an fp32 computation than bf16
-    sdpa on the same sequences, plus 1e-3 (bf16's own rounding of the inputs)."""
-    device = torch.device("cuda")
+    sdpa on the same sequences (3x: KV heads repeated where the kernel has no
+    enable_gqa add their gradients in bf16), plus 1e-2 of the largest value; a
+    wrong layout or boundary is off by the size of the values themselves."""
+    device = GPU
     problem = attention.varlen_problem(device, torch.bfloat16)
     assert problem is None, problem
     lengths = [1, 5, 37, 300, 1500, 64]
@@ -320,7 +323,7 @@ def test_gpu_varlen_kernel_matches_sdpa():
     ours = run(attention.torch_varlen(), torch.bfloat16)
     sdpa = run(attention.per_sequence_attn, torch.bfloat16)
     for name, o, s, e in zip(("out", "dq", "dk", "dv"), ours, sdpa, exact):
-        assert relative_error(o, e) <= 2 * relative_error(s, e) + 1e-3, name
+        assert relative_error(o, e) <= 3 * relative_error(s, e) + 1e-2, name
 
 
 @pytest.mark.gpu
@@ -328,59 +331,78 @@ def test_gpu_varlen_kernel_matches_sdpa():
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_gpu_packed_model_matches_rows_alone(tok, arch):
     """A bf16 LoRA model on the GPU, rows of 2 to 1500 tokens packed through the
-    attention a GPU run picks: per-token log-probs and LoRA gradients of pg's loss
-    no further from fp32 rows-alone than bf16 sdpa rows-alone are, plus 1e-2."""
-    device = torch.device("cuda")
+    attention a GPU run picks (boundaries from the collator): log-probs and LoRA
+    gradients of a per-token-weighted loss no further from fp32 rows-alone than
+    bf16 sdpa rows-alone are (2x, plus 1e-2 of the largest value). The same pack
+    with its boundaries erased (one sequence: attention leaks across rows) must
+    land far outside that, or this test could not see a leak at all."""
+    device = GPU
     choice = attention.packed_attention(device, dtype=torch.bfloat16)
     assert choice.name == attention.VARLEN and attention.varlen_problem(device, torch.bfloat16) is None, choice.why
     rows = [(1, 1), (4, 1), (30, 7), (250, 50), (1200, 300), (40, 24)]
     feats = features(tok, rows)
 
-    def run(attn: str, dtype, packed: bool):
+    def run(attn: str, dtype, packed: bool, leak: bool = False):
         m = lora_model(tok, arch, attn, hidden=256, heads=4, kv_heads=2).to(device, dtype)
         params = [p for p in m.parameters() if p.requires_grad]
         if packed:
-            batches = [collate(feats, tok.pad_token_id, True)]
+            b = collate(feats, tok.pad_token_id, True)
+            b.update(attention.packed_kwargs(b["position_ids"]))
+            if leak:
+                n = b["input_ids"].shape[1]
+                b.update(cu_seq_lens_q=torch.tensor([0, n], dtype=torch.int32), max_length_q=n)
+            batches = [b]
         else:
             batches = [collate([f], tok.pad_token_id, False) for f in feats]
-        logps, loss = [], 0.0
-        for b in batches:
-            b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
-            lp = logprobs.completion_logprobs(m, b)
-            logps.append(lp)
-            loss = loss + lp.mul(torch.linspace(-1, 1, lp.numel(), device=device)).sum()
-        return torch.cat(logps), torch.autograd.grad(loss, params)
+        lp = torch.cat([logprobs.completion_logprobs(m, {k: v.to(device) if torch.is_tensor(v) else v
+                                                         for k, v in b.items()}) for b in batches])
+        loss = lp.mul(torch.linspace(-1, 1, lp.numel(), device=device)).sum()  # the same weights for every run
+        return [lp, *torch.autograd.grad(loss, params)]
 
-    exact_lp, exact_g = run("sdpa", torch.float32, False)
-    ours_lp, ours_g = run(choice.name, torch.bfloat16, True)
-    sdpa_lp, sdpa_g = run("sdpa", torch.bfloat16, False)
-    assert relative_error(ours_lp, exact_lp) <= 2 * relative_error(sdpa_lp, exact_lp) + 1e-2
-    for i, (o, s, e) in enumerate(zip(ours_g, sdpa_g, exact_g)):
-        assert relative_error(o, e) <= 2 * relative_error(s, e) + 1e-2, f"grad {i}"
+    exact = run("sdpa", torch.float32, False)
+    errors = {name: [relative_error(o, e) for o, e in zip(out, exact)] for name, out in (
+        ("ours", run(choice.name, torch.bfloat16, True)), ("sdpa", run("sdpa", torch.bfloat16, False)),
+        ("leak", run(choice.name, torch.bfloat16, True, leak=True)))}
+    for i, (o, s, leak) in enumerate(zip(errors["ours"], errors["sdpa"], errors["leak"])):
+        what = "log-probs" if i == 0 else f"grad {i}"
+        assert o <= 2 * s + 1e-2, f"{what}: {errors}"
+        assert leak > 5 * max(o, s), f"{what}: a leak would not show: {errors}"
 
 
 @pytest.mark.gpu
 @cuda
-def test_gpu_chunked_head_memory():
-    """A 0.5B-shaped head (896 x 151,936) on 4,096 completion tokens: the chunked
-    path's extra peak is under a quarter of the plain path's ([K, V] logits)."""
-    device = torch.device("cuda")
-    head = torch.nn.Linear(896, 151936, bias=False, device=device, dtype=torch.bfloat16)
-    hidden = torch.randn(4096, 896, device=device, dtype=torch.bfloat16, requires_grad=True)
-    targets = torch.randint(0, 151936, (4096,), device=device)
+@pytest.mark.parametrize("frozen", [True, False])
+def test_gpu_chunked_head_memory(frozen):
+    """A 0.5B-shaped head (896 x 151,936) on 4,096 completion tokens, frozen (LoRA)
+    or training: the chunked path's extra peak is under a third of the plain
+    path's (~7 GiB of [K, V] logits, their fp32 copies and gradients; the chunked
+    path's is ~1.4 GiB training, the head's gradient included, ~0.6 GiB frozen),
+    its log-probs and gradients the plain path's to bf16 precision."""
+    device = GPU
+    gen = torch.Generator(device=device).manual_seed(0)
+    head = torch.nn.Linear(896, 151936, bias=False, device=device, dtype=torch.bfloat16).requires_grad_(not frozen)
+    hidden = torch.randn(4096, 896, device=device, dtype=torch.bfloat16, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 151936, (4096,), device=device, generator=gen)
+    weights = torch.randn(4096, device=device, generator=gen)
 
-    def peak(fn):
+    def run(fn):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fn().sum().backward()
+        lp = fn()
+        lp.mul(weights).sum().backward()
         torch.cuda.synchronize()
+        grads = [t.grad for t in (hidden, head.weight) if t.grad is not None]
         hidden.grad = head.weight.grad = None
-        return torch.cuda.max_memory_allocated() - base
+        return torch.cuda.max_memory_allocated() - base, lp.detach(), grads
 
     def plain():
         logits = head(hidden).float()
         return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
-    chunked = peak(lambda: logprobs._chunked_logprobs(head, hidden, targets, 1.0, None))
-    assert chunked < peak(plain) / 4
+    peak_plain, lp_plain, g_plain = run(plain)
+    peak, lp, g = run(lambda: logprobs._chunked_logprobs(head, hidden, targets, 1.0, None))
+    assert peak < peak_plain / 3, (peak, peak_plain)
+    assert (lp - lp_plain).abs().max().item() < 0.05  # bf16 logits (an ulp is 0.016 at 3), fp32 from there
+    for a, b in zip(g, g_plain):
+        assert relative_error(a, b) < 2e-2

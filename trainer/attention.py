@@ -336,3 +336,8 @@ def _self_check(device_index: int) -> str | None:
     except Exception as e:  # noqa: BLE001 - any failure means: do not use the kernel
         return f"varlen_attn failed its self-check: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
     return None
+
+
+# The name is valid as soon as this module is imported: a model loaded with it
+# (a μ recomputation, an evaluation) must not depend on who called packed_attention first.
+register()

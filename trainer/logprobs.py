@@ -5,9 +5,15 @@ completion's positions need the LM head, and even those need only one number
 each (the target's log-probability), not a row of 151,936 logits kept for
 backward. So the head runs on completion positions only, a chunk of tokens at a
 time, and each chunk's logits are dropped as soon as its log-probabilities are
-out: backward recomputes them chunk by chunk (torch.utils.checkpoint). Peak
-memory is one chunk's logits (`LOGIT_CHUNK_ELEMENTS`), whatever the vocabulary
-and the batch; the price is one more head matmul per completion token.
+out: backward recomputes them chunk by chunk (torch.utils.checkpoint) where the
+head trains (full fine-tuning). Peak memory is one chunk's logits
+(`LOGIT_CHUNK_ELEMENTS`), whatever the vocabulary and the batch; the price is
+one more head matmul per completion token.
+
+When the head is frozen (LoRA), not even that: a token's log-probability depends
+on its own hidden state only, so its gradient is one vector of the hidden size,
+computed with it in the forward (`_FrozenHeadLogprobs`); backward multiplies.
+The same head matmuls as the plain path, [K, H] kept instead of [K, V].
 
 How the head is reached matters under DDP: the model's forward must be entered
 through the outer module's __call__ so the reducer sees every parameter the loss
@@ -228,16 +234,62 @@ def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch
 
 
 def _chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                      chunk_tokens: int | None) -> torch.Tensor:
+                      chunk_tokens: int | None, *, method: str = "auto") -> torch.Tensor:
+    """log π of each target, [K] fp32, one chunk of logits alive at a time.
+    method: "auto" (frozen plain head: "jacobian", else "checkpoint"), or either."""
     if hidden.shape[0] == 0:  # still connected to the graph: an empty micro-batch backpropagates zeros
         return hidden.sum(-1).float()
     step = _chunk(chunk_tokens, head, hidden)
-    grads = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
-    parts = []
-    for i in range(0, hidden.shape[0], step):
-        h, t = hidden[i:i + step], targets[i:i + step]
-        if grads:  # keep only h; backward recomputes this chunk's logits
-            parts.append(checkpoint(_target_logprobs, head, h, t, temperature, use_reentrant=False))
-        else:
-            parts.append(_target_logprobs(head, h, t, temperature))
+    head_trains = any(p.requires_grad for p in head.parameters())
+    if not torch.is_grad_enabled() or not (hidden.requires_grad or head_trains):
+        return _cat([_target_logprobs(head, hidden[i:i + step], targets[i:i + step], temperature)
+                     for i in range(0, hidden.shape[0], step)])
+    if method == "auto":
+        method = "jacobian" if type(head) is torch.nn.Linear and not head_trains else "checkpoint"
+    if method == "jacobian":
+        return _FrozenHeadLogprobs.apply(hidden, head, targets, temperature, step)
+    # keep only each chunk's input; backward recomputes its logits
+    return _cat([checkpoint(_target_logprobs, head, hidden[i:i + step], targets[i:i + step], temperature,
+                            use_reentrant=False) for i in range(0, hidden.shape[0], step)])
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class _FrozenHeadLogprobs(torch.autograd.Function):
+    """A frozen head (LoRA's case): token k's log-prob depends on its own hidden
+    state h_k only, so its gradient is one vector, d log π_k / d h_k =
+    ((onehot(y_k) - p_k) / T) W, computed with the log-prob while the chunk's
+    logits are alive; backward multiplies it by the incoming gradient. Exact, no
+    recompute: as many head matmuls as the plain path, and [K, H] kept instead of
+    [K, V]."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
+                step: int) -> torch.Tensor:
+        logps, jacobians = [], []
+        for i in range(0, hidden.shape[0], step):
+            t = targets[i:i + step, None]
+            logits = head(hidden[i:i + step])
+            z = logits.float()
+            if temperature != 1.0:
+                z = z / temperature
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)
+            logps.append((z.gather(-1, t) - lse).squeeze(-1))
+            if z is logits:  # fp32 logits: z must not alias what the head returned
+                z = z.clone()
+            d = z.sub_(lse).exp_().neg_().scatter_add_(-1, t, torch.ones_like(t, dtype=z.dtype))  # onehot - p
+            if temperature != 1.0:
+                d = d.div_(temperature)
+            jacobians.append(d.to(logits.dtype) @ head.weight.to(logits.dtype))
+            del logits, z, d
+        ctx.save_for_backward(_cat(jacobians))
+        ctx.hidden_dtype = hidden.dtype
+        return _cat(logps)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (jacobian,) = ctx.saved_tensors
+        return (grad[:, None] * jacobian.float()).to(ctx.hidden_dtype), None, None, None, None
