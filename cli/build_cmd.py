@@ -20,7 +20,15 @@ OpenInference annotations, keys you name), from feedback (POST /v1/feedback,
 
 The summary counts calls per instrumentation; a call recorded twice (a framework
 span and a client span, even in two traces) is one row; a call in a layout no
-reader knows is left out and reported with an example span id."""
+reader knows is left out and reported with an example span id.
+
+--incremental (what `nightshift nightly` runs) rebuilds only the dates whose rows
+changed since the last build: new or late spans (into the date their trajectory
+started, however late), log events, feedback files added, rewritten or removed,
+trajectories that settled since, partitions changed by hand. It leaves the same
+rows as a full build at the same clock, advantages included (kept dates whose
+advantages the new rows moved are rewritten). What it read is in
+<data>/build/state.json; a state it cannot use is named and a full build done."""
 
 EPILOG = """YAML section `transform:` (and top-level `data:`), e.g.:
 

@@ -27,13 +27,14 @@ from typing import Iterator
 import fsspec
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.schemas import SCHEMA_VERSION, transitions
 
 from . import attrs as A
 from . import calls as C
-from . import credit, incremental, output
+from . import credit, incremental, output, pool
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
 
@@ -75,6 +76,8 @@ class Summary:
     #: span files or row groups that could not be read, each named with why (the rest was built)
     unreadable: list[str] = field(default_factory=list)
     incremental: str = ""  # what an incremental build found changed
+    #: partitions kept by an incremental build whose advantages the new rows moved (rewritten)
+    repooled: list[str] = field(default_factory=list)
     #: token-id values that are not a list of integers: [count, an example span id] (the row keeps null ids)
     bad_token_ids: list = field(default_factory=lambda: [0, ""])
 
@@ -86,6 +89,8 @@ class Summary:
         ]
         if self.incremental:
             out.append(f"incremental: {self.incremental}")
+        if self.repooled:
+            out.append(f"advantages moved by the new rows, rewritten in: {', '.join(self.repooled)}")
         if self.rewards_by_source:
             out.append("rewards by source: " + ", ".join(f"{k} {v}" for k, v in sorted(self.rewards_by_source.items())))
         out.append(f"trajectories without a reward: {self.unrated}")
@@ -157,14 +162,14 @@ def _day(value: str, what: str) -> dt.date | None:
         raise BuildError(f"{what} must be a date YYYY-MM-DD, got {value!r}") from None
 
 
-def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None) -> dict[str, list[tuple[str, int]]]:
-    """Span files by date partition, within [since, until + 1 day] (the extra day
-    finishes trajectories that cross midnight), with their sizes on disk: a listing,
-    no file opened (an incremental build looks at every date, and builds few)."""
-    base = f"{root}/spans"
+def _listing(fs, base: str, since: dt.date | None = None, until: dt.date | None = None) -> dict[str, dict[str, str]]:
+    """A dataset's Parquet files by date partition (date -> name -> stamp), within
+    [since, until + 1 day] (the extra day finishes trajectories that cross midnight):
+    a listing, no file opened (an incremental build looks at every date, and builds
+    few)."""
+    out: dict[str, dict[str, str]] = {}
     if not fs.exists(base):
-        raise BuildError(f"no spans dataset at {base}: run `nightshift collect` (or `nightshift ingest`) first")
-    out: dict[str, list[tuple[str, int]]] = {}
+        return out
     for entry in sorted(fs.ls(base, detail=True), key=lambda e: e["name"]):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         if entry["type"] != "directory" or not name.startswith("date="):
@@ -172,11 +177,21 @@ def _span_files(fs, root: str, since: dt.date | None, until: dt.date | None) -> 
         day = _day(name[5:], "partition")
         if (since and day < since) or (until and day > until + dt.timedelta(days=1)):
             continue
-        files = sorted((f["name"], int(f.get("size") or 0)) for f in fs.ls(entry["name"], detail=True)
-                       if f["type"] == "file" and f["name"].endswith(".parquet"))
+        files = {f["name"].rsplit("/", 1)[-1]: incremental.stamp(f) for f in fs.ls(entry["name"], detail=True)
+                 if f["type"] == "file" and f["name"].endswith(".parquet")}
         if files:
-            out[name[5:]] = files
+            out[name[5:]] = dict(sorted(files.items()))
     return out
+
+
+def _partitions(fs, out_root: str) -> dict[str, str]:
+    """Each transitions partition's stamp: what a build wrote, to tell a hand's change."""
+    return {d: " ".join(f"{n}:{st}" for n, st in files.items()) for d, files in _listing(fs, out_root).items()}
+
+
+def _feedback_files(fs, root: str) -> dict[str, str]:
+    """Feedback files ("date=YYYY-MM-DD/name" -> stamp)."""
+    return {f"date={d}/{n}": st for d, files in _listing(fs, f"{root}/feedback").items() for n, st in files.items()}
 
 
 def _uncompressed(fs, path: str) -> int:
@@ -203,31 +218,51 @@ def _uncompressed_md(md: pq.FileMetaData) -> int:
     return total
 
 
-def _row_groups(fs, path: str, columns: list[str], bad: list[str]) -> Iterator[pa.Table]:
-    """A Parquet file's row groups, one at a time. One that cannot be read (a
-    corrupt page, a file cut short) is reported by file and row group and skipped;
-    the file's other row groups are still read."""
+@dataclass
+class _Source:
+    """A span file the build reads, the date partition it is in (for the next
+    incremental build: where each trajectory's spans are), and, for a date read only
+    to complete the trajectories of others, the traces to keep from it."""
+
+    path: str
+    date: str
+    only: pl.Series | None = None
+
+
+def _row_groups(fs, src: _Source, columns: list[str], bad: list[str]) -> Iterator[pa.Table]:
+    """A Parquet file's row groups, one at a time, each with its `_pdate`. One that
+    cannot be read (a corrupt page, a file cut short) is reported by file and row
+    group and skipped; the file's other row groups are still read."""
+    path = src.path
     try:
         fh = fs.open(path, "rb")
         pf = pq.ParquetFile(fh)
     except (pa.ArrowException, OSError) as e:
         bad.append(f"{path}: not a readable Parquet file, skipped whole ({e})")
         return
+    only = None if src.only is None else src.only.to_arrow()
     with fh:
-        cols = [c for c in columns if c in pf.schema_arrow.names]
+        names = set(pf.schema_arrow.names)  # a property that converts the whole nested schema each time
+        cols = [c for c in columns if c in names]
         for g in range(pf.num_row_groups):
             try:
+                if only is not None:  # most row groups of a date read for a few traces hold none of them
+                    keep = pc.is_in(pf.read_row_group(g, columns=["trace_id"]).column("trace_id"), value_set=only)
+                    if not pc.any(keep).as_py():
+                        continue
                 t = pf.read_row_group(g, columns=cols)
+                if only is not None:
+                    t = t.filter(keep)
             except (pa.ArrowException, OSError) as e:
                 n = pf.metadata.row_group(g).num_rows
                 bad.append(f"{path}: row group {g + 1} of {pf.num_row_groups} unreadable, its {n} rows skipped ({e})")
                 continue
-            yield t
+            yield t.append_column("_pdate", pa.array([src.date] * t.num_rows, pa.string()))
 
 
-def _read(fs, paths: list[str], columns: list[str], bad: list[str] | None = None) -> pl.DataFrame:
+def _read(fs, sources: list[_Source], columns: list[str], bad: list[str] | None = None) -> pl.DataFrame:
     bad = [] if bad is None else bad
-    tables = [t for p in paths for t in _row_groups(fs, p, columns, bad)]
+    tables = [t for src in sources for t in _row_groups(fs, src, columns, bad)]
     if not tables:
         return pl.DataFrame()
     return pl.from_arrow(pa.concat_tables(tables, promote_options="default"))
@@ -237,7 +272,7 @@ def _bucket_of(trace: pl.Expr, buckets: int) -> pl.Expr:
     return (trace.hash(seed=7) % buckets).cast(pl.Int64)
 
 
-def _split(fs, files: list[str], buckets: int, tmp: str, batch_bytes: int, bad: list[str]) -> list[str]:
+def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, bad: list[str]) -> list[str]:
     """First pass when the window exceeds the budget: each span file's rows go to
     the bucket file of their trace (only the columns the build reads), read in
     batches of about `batch_bytes` decompressed, so this pass is bounded too."""
@@ -246,8 +281,8 @@ def _split(fs, files: list[str], buckets: int, tmp: str, batch_bytes: int, bad: 
     schemas: dict[int, pa.Schema] = {}
     paths = [os.path.join(tmp, f"bucket-{b:04d}.arrow") for b in range(buckets)]
     try:
-        for p in files:
-            for group in _row_groups(fs, p, SPAN_COLUMNS, bad):
+        for src in files:
+            for group in _row_groups(fs, src, SPAN_COLUMNS, bad):
                 per_row = group.nbytes / max(group.num_rows, 1)
                 rows = int(min(32768, max(256, batch_bytes // max(per_row, 1))))
                 for batch in group.to_batches(max_chunksize=rows):
@@ -304,30 +339,37 @@ def _read_bucket(path: str) -> pl.DataFrame:
         return pl.from_arrow(f.read_all()).rechunk()  # one chunk: the split wrote many small batches
 
 
-def _feedback_files(fs, root: str) -> list[str]:
-    base = f"{root}/feedback"
-    return sorted(fs.glob(f"{base}/date=*/*.parquet") if fs.exists(base) else [])
+def _feedback(fs, root: str, files: dict[str, str]) -> pl.DataFrame:
+    """Every feedback row, with the file it is in (`_file`): an incremental build
+    remembers which dates each file named, to rebuild them when the file goes."""
+    cols = ["feedback_id", "trace_id", "conversation_id", "span_id", "name", "value", "received_time"]
+    frames = []
+    for name in sorted(files):
+        df = _read(fs, [_Source(f"{root}/feedback/{name}", "")], cols)
+        if df.height:
+            frames.append(df.drop("_pdate").with_columns(pl.lit(name).alias("_file")))
+    if not frames:
+        return pl.DataFrame(schema={"feedback_id": pl.String, "trace_id": pl.String, "conversation_id": pl.String,
+                                    "span_id": pl.String, "name": pl.String, "value": pl.Float64,
+                                    "received_time": pl.Int64, "_file": pl.String})
+    return pl.concat(frames, how="diagonal_relaxed").with_columns(pl.col("received_time").cast(pl.Int64))
 
 
-def _feedback(fs, root: str, files: list[str]) -> pl.DataFrame:
-    if not files:
-        return pl.DataFrame(schema={"trace_id": pl.String, "conversation_id": pl.String, "span_id": pl.String,
-                                    "name": pl.String, "value": pl.Float64, "received_time": pl.Int64})
-    df = _read(fs, sorted(files), ["feedback_id", "trace_id", "conversation_id", "span_id", "name", "value", "received_time"])
-    return df.unique("feedback_id", keep="first", maintain_order=True).with_columns(
-        pl.col("received_time").cast(pl.Int64))
+def _labels(feedback: pl.DataFrame) -> pl.DataFrame:
+    """Each label once (a client that resent one, an ingested file beside the live
+    collector): the first file's copy."""
+    return feedback.unique("feedback_id", keep="first", maintain_order=True)
 
 
-def _log_events(fs, root: str, dates: list[str]) -> pl.DataFrame:
-    """GenAI log events (message content of the instrumentations that log it)."""
-    files = []
-    for d in dates:
-        base = f"{root}/logs/date={d}"
-        if fs.exists(base):
-            files += [f for f in fs.ls(base, detail=False) if f.endswith(".parquet")]
-    if not files:
+def _log_events(fs, sources: list[_Source]) -> pl.DataFrame:
+    """GenAI log events (message content of the instrumentations that log it), each
+    with its `_pdate`."""
+    if not sources:
         return pl.DataFrame()
-    df = _read(fs, sorted(files), ["record_id", "time", "observed_time", "event_name", "body", "attributes", "trace_id", "span_id"])
+    df = _read(fs, sources, ["record_id", "time", "observed_time", "event_name", "body", "attributes", "trace_id",
+                             "span_id"])
+    if df.height == 0:
+        return pl.DataFrame()
     name = pl.coalesce(pl.col("event_name"), pl.col("attributes").list.eval(
         pl.element().filter(pl.element().struct.field("key") == "event.name").struct.field("value").struct.field("string_value")).list.first())
     return (df.with_columns(name.alias("event_name"))
@@ -388,6 +430,8 @@ class _Ctx:
     counts: C.Counts
     tool_error: re.Pattern | None = None
     dates: set[str] | None = None  # an incremental build's dates; None: every date in the window
+    seen: incremental.Seen | None = None  # what an incremental build learns of each date, for the next
+    log_dates: dict[str, set[str]] = field(default_factory=dict)  # trace -> dates of its log events
 
 
 def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame | None]:
@@ -444,13 +488,16 @@ class _Traces:
 
 
 def _traces(df: pl.DataFrame, cls: pl.DataFrame, cfg: TransformConfig) -> _Traces:
+    dates = df["_pdate"] if "_pdate" in df.columns else pl.Series("_pdate", [None] * df.height, pl.String)
     per_trace = df.select("trace_id", "parent_span_id", "received_ns", "start_ns", "end_ns").hstack(
-        cls.select("session", "group_attr")).group_by("trace_id").agg(
+        cls.select("session", "group_attr")).with_columns(dates).group_by("trace_id").agg(
         pl.col("received_ns").max().alias("last_received"),
         (pl.col("parent_span_id").is_null() & pl.col("end_ns").is_not_null()).any().alias("root_ended"),
         pl.col("start_ns").min().alias("first_start"),
+        pl.col("received_ns").min().alias("first_received"),
         pl.col("session").drop_nulls().first().alias("session"),
         pl.col("group_attr").drop_nulls().first().alias("group_attr"),
+        pl.col("_pdate").drop_nulls().unique().alias("dates"),
     )
     return _Traces({r["trace_id"]: r for r in per_trace.iter_rows(named=True)},
                    _linked_components(df) if cfg.trajectory == "linked" else {})
@@ -541,21 +588,27 @@ def _trajectory_rows(key: str, calls: list[dict], tids: list[str], traces: _Trac
     infos = [trace_info[t] for t in tids]
     last = max(i["last_received"] or 0 for i in infos)
     rooted = all(i["root_ended"] for i in infos)
-    quiet = ctx.now_ns - last
-    if settle_ns > 0 and not (quiet >= settle_ns and (rooted or quiet >= 6 * settle_ns)):
-        summary.waiting += 1
-        return []
-    if not rooted:
-        for s in steps:
-            s["flags"].append("orphan")
-    start_ns = min(i["first_start"] for i in infos if i["first_start"] is not None)
+    # a trajectory belongs to the day it started; one whose spans have no start time
+    # (0 in OTLP), to the day the collector filed them under: the day they arrived
+    starts = [i["first_start"] for i in infos if i["first_start"] is not None]
+    start_ns = min(starts) if starts else min(i["first_received"] or 0 for i in infos)
     day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
     if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
             or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
         summary.outside_window += 1
         return []
-    C.rebuild_history(steps)
     session = next((i["session"] for i in infos if i["session"]), None)
+    # settled once nothing arrived for `settle` by the build's clock (six times that
+    # for a trajectory whose root never ended): the same clock decides in every build
+    settle_at = last + (settle_ns if rooted else 6 * settle_ns)
+    if settle_ns > 0 and ctx.now_ns < settle_at:
+        summary.waiting += 1
+        _seen(ctx, day.isoformat(), tids, infos, settle_at, session, [])
+        return []
+    if not rooted:
+        for s in steps:
+            s["flags"].append("orphan")
+    C.rebuild_history(steps)
     trajectory_id = key if not key.startswith("conversation:") else _hash(key)
     observations = _observations(trajectory_id, tids, session, steps, span_obs, ctx)
     best = outcome(observations, cfg.reward.name, cfg.reward.prefer)
@@ -609,7 +662,20 @@ def _trajectory_rows(key: str, calls: list[dict], tids: list[str], traces: _Trac
             "flags": s["flags"], "schema_version": SCHEMA_VERSION, "_date": day.isoformat(),
             "_order": (start_ns, trajectory_id, i), "_call": s["_call"],
         })
+    _seen(ctx, day.isoformat(), tids, infos, None, session, rows)
     return rows
+
+
+def _seen(ctx: _Ctx, day: str, tids: list[str], infos: list[dict], settle_at: int | None, session: str | None,
+          rows: list[dict]) -> None:
+    """Tell the next incremental build where this trajectory's spans and log events
+    are, when it settles if it waits, and what feedback can name it by."""
+    if ctx.seen is None:
+        return
+    dates = {d for i in infos for d in (i["dates"] or [])}
+    for t in tids:
+        dates |= ctx.log_dates.get(t, set())
+    ctx.seen.trajectory(day, dates, settle_at, tids, session, bool(rows))
 
 
 def _observations(trajectory_id: str, tids: list[str], session: str | None, steps: list[dict],
@@ -690,55 +756,51 @@ def _table(rows: list[dict], tokens: pl.DataFrame) -> pl.DataFrame:
     return df.join(tokens, on="transition_id", how="left", maintain_order="left")
 
 
-#: `transition_id` (32 hex digits) as two integers: the same order, a quarter of the bytes.
-_ID = ("_hi", "_lo")
-
-
-def _id_parts() -> list[pl.Expr]:
-    tid = pl.col("transition_id")
-    return [tid.str.slice(0, 16).str.to_integer(base=16, dtype=pl.UInt64).alias("_hi"),
-            tid.str.slice(16, 16).str.to_integer(base=16, dtype=pl.UInt64).alias("_lo")]
-
-
-def _slim(t: pl.DataFrame) -> pl.DataFrame:
-    """What the window-wide advantage pass needs of each row, in about 40 bytes (ids
-    as integers): it is the one thing the build holds for the whole window."""
-    return t.select(*_id_parts(), pl.col("trajectory_id").hash(seed=7),
-                    pl.col("group_id").str.to_integer(base=16, dtype=pl.UInt64), "return", "weight")
-
-
-def _final(df: pl.DataFrame, adv: pl.DataFrame) -> pa.Table:
-    df = (df.drop("advantage", strict=False).with_columns(*_id_parts())
-          .join(adv, on=list(_ID), how="left", maintain_order="left"))
-    return df.select([f.name for f in _ROW_SCHEMA]).to_arrow().cast(_ROW_SCHEMA)
-
-
 def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = False) -> Summary:
+    """Build the transitions of every date (or of `since`..`until`), or, with
+    `incremental`, of the dates whose rows changed since the last build (a full build
+    of the same data at the same clock would give the same rows). `now_ns` is the
+    clock that decides which trajectories have settled."""
     cfg.check()
     t0 = time.perf_counter()
     summary = Summary()
+    now_ns = now_ns if now_ns is not None else time.time_ns()
     since, until = _day(cfg.since, "--since"), _day(cfg.until, "--until")
     if since and until and since > until:
         raise BuildError(f"--since {since} is after --until {until}")
     fs, root = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
     root = root.rstrip("/")
-    by_date = _span_files(fs, root, since, until)
-    feedback_files = _feedback_files(fs, root)
+    if not fs.exists(f"{root}/spans"):
+        raise BuildError(f"no spans dataset at {root}/spans: run `nightshift collect` (or `nightshift ingest`) first")
     out_root = f"{root}/transitions"
-    dates, read_state = None, None
-    if cfg.incremental and by_date:
-        read_state = incremental.snapshot(by_date, feedback_files, cfg)
-        dates, why = incremental.dates_to_build(fs, incremental.load(fs, root), read_state, by_date, feedback_files)
-        summary.incremental = why + ("" if dates is None else f": rebuilding {', '.join(sorted(dates)) or 'nothing'}")
-        log.info("incremental build: %s", summary.incremental)
-        if dates is not None:
-            if not dates:  # nothing new: every partition stays as it is
-                incremental.save(fs, root, read_state)
-                summary.seconds = time.perf_counter() - t0
-                return summary
-            nexts = {(dt.date.fromisoformat(d) + dt.timedelta(days=1)).isoformat() for d in dates}
-            by_date = {d: f for d, f in by_date.items() if d in dates or d in nexts}
-    if not by_date and not dates:
+    inputs = incremental.Inputs(root, _listing(fs, f"{root}/spans", since, until), _listing(fs, f"{root}/logs"),
+                                _feedback_files(fs, root), {})
+    feedback = _feedback(fs, root, inputs.feedback)
+    plan, old_state = None, None
+    if cfg.incremental and inputs.spans:
+        output.repair(fs, out_root)
+        inputs.partitions = _partitions(fs, out_root)
+        old_state, why_none = incremental.load(fs, root)
+        plan = incremental.plan(fs, old_state, why_none, inputs, feedback, now_ns, cfg)
+        summary.incremental = plan.why + ("" if plan.dates is None else
+                                          f": rebuilding {', '.join(sorted(plan.dates)) or 'nothing'}")
+        (log.warning if old_state is None and why_none.startswith("the build state") else log.info)(
+            "incremental build: %s", summary.incremental)
+        if plan.dates is not None and not plan.dates:  # nothing new: every partition stays as it is
+            incremental.save(fs, root, incremental.new_state(inputs, old_state, set(), incremental.Seen(), {}, now_ns,
+                                                             cfg), cfg.storage_options)
+            summary.seconds = time.perf_counter() - t0
+            return summary
+    dates = plan.dates if plan is not None else None
+    if dates is not None:  # the rebuilt dates whole, and from other dates the rest of their traces
+        reads = [_Source(p, d, plan.spans.get(d)) for d, paths in inputs.span_paths(dates | set(plan.spans)).items()
+                 for p in paths]
+        logs = [_Source(p, d, plan.logs.get(d)) for d, paths in inputs.log_paths(
+            (dates & set(inputs.spans)) | set(plan.logs)).items() for p in paths]
+    else:
+        reads = [_Source(p, d) for d, paths in inputs.span_paths(inputs.spans).items() for p in paths]
+        logs = [_Source(p, d) for d, paths in inputs.log_paths(inputs.spans).items() for p in paths]
+    if not reads and not dates:
         raise BuildError(f"no span files under {root}/spans" + (" in the window" if since or until else ""))
     functions = []
     for spec in cfg.reward.functions:
@@ -746,13 +808,17 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             functions.append((spec, load_function(spec)))
         except ValueError as e:
             raise BuildError(str(e)) from None
-    ctx = _Ctx(cfg, now_ns if now_ns is not None else time.time_ns(), since, until, _feedback(fs, root, feedback_files),
-               _log_events(fs, root, sorted(by_date)),
+    logs = _log_events(fs, logs)
+    ctx = _Ctx(cfg, now_ns, since, until, _labels(feedback), logs,
                functions, re.compile(cfg.agents_include) if cfg.agents_include else None,
                re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
                re.compile(cfg.credit.tool_error_pattern), dates)
-    files = [p for d in sorted(by_date) for p, _ in by_date[d]]
-    total = sum(_uncompressed(fs, p) for p in files)  # of what this build reads, not of every date
+    if plan is not None:
+        ctx.seen = incremental.Seen()
+        if logs.height:
+            ctx.log_dates = {t: set(ds) for t, ds in logs.group_by("trace_id").agg(
+                pl.col("_pdate").unique()).iter_rows()}
+    total = sum(_uncompressed(fs, src.path) for src in reads)  # of what this build reads, not of every date
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
     if cfg.trajectory in ("conversation", "linked") and buckets > 1:
         log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
@@ -767,13 +833,13 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     try:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(files) if buckets == 1 else buckets, unit="file" if buckets == 1 else "bucket",
+        bar = tqdm(total=len(reads) if buckets == 1 else buckets, unit="file" if buckets == 1 else "bucket",
                    desc="build", disable=not progress)
         if buckets == 1:
-            sources = [files]
+            sources = [reads]
         else:
             bar.set_description("split")
-            split = _split(fs, files, buckets, tmp, cfg.memory_budget // int(OVERHEAD), summary.unreadable)
+            split = _split(fs, reads, buckets, tmp, cfg.memory_budget // int(OVERHEAD), summary.unreadable)
             bar.set_description("build")
             sources = [[p] if p else [] for p in split]
         slim: list[pl.DataFrame] = []
@@ -792,7 +858,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             for day, rs in sorted(by_day.items()):
                 t = _table(rs, tokens)
                 part = len(slim)  # this frame's number: its advantages come back by it
-                slim.append(_slim(t).with_columns(pl.lit(part, pl.UInt32).alias("_part")))
+                slim.append(pool.slim(t).with_columns(pl.lit(part, pl.UInt32).alias("_part")))
                 if buckets == 1:
                     held[day].append((part, t))
                 else:  # later buckets must not keep this one's rows in memory
@@ -802,10 +868,19 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             bar.update(len(paths) if buckets == 1 else 1)
             _give_back_memory()
         bar.close()
+        kept: dict[int, tuple[str, pl.DataFrame]] = {}  # the partitions an incremental build keeps join the pool
+        for day in sorted(set(inputs.partitions) - dates) if dates is not None else ():
+            part = len(slim)
+            try:
+                k = pool.read_kept(fs, out_root, day)
+            except pool.Unreadable as e:
+                raise BuildError(str(e)) from None
+            kept[part] = (day, k.select(*pool.ID, "_was"))
+            slim.append(k.drop("_was").with_columns(pl.lit(part, pl.UInt32).alias("_part")))
         if slim:
-            s = pl.concat(slim).sort(*_ID)  # the same sums whatever the bucket count
+            s = pl.concat(slim).sort(*pool.ID)  # the same sums whatever the bucket count, or the dates rebuilt
             del slim
-            adv = s.select(*_ID, "_part", credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
+            adv = s.select(*pool.ID, "_part", credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
             del s
         else:
             adv = pl.DataFrame(schema={"_hi": pl.UInt64, "_lo": pl.UInt64, "_part": pl.UInt32, "advantage": pl.Float64})
@@ -814,24 +889,34 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         no_adv = adv.drop("_part").clear()
         del adv
         window_days = dates if dates is not None else {
-            d for d in by_date if (not since or dt.date.fromisoformat(d) >= since)
+            d for d in inputs.spans if (not since or dt.date.fromisoformat(d) >= since)
             and (not until or dt.date.fromisoformat(d) <= until)}
+        if plan is not None and dates is None:  # transitions are made from spans: a date without any has none
+            window_days = window_days | set(inputs.partitions)
         for day in sorted(window_days | set(held)):
 
             def tables(day=day):
                 for part, item in held.get(day, []):
                     frame = _read_bucket(item) if isinstance(item, str) else item  # not read_ipc: Polars keeps its maps
-                    yield _final(frame, adv_of.pop(part, no_adv))
+                    yield pool.with_advantages(frame, adv_of.pop(part, no_adv))
 
             n = output.write_partition(fs, out_root, day, tables())
             held.pop(day, None)
             summary.transitions += n
             if n or day in window_days:
                 summary.partitions.append(day)
+        for part, (day, was) in sorted(kept.items()):
+            new = adv_of.pop(part, no_adv)
+            if pool.changed(was, new):
+                pool.rewrite(fs, out_root, day, new)
+                summary.repooled.append(day)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if read_state is not None:
-        incremental.save(fs, root, read_state)
+    if plan is not None:
+        inputs.partitions = _partitions(fs, out_root)
+        state = incremental.new_state(inputs, old_state, dates, ctx.seen,
+                                      incremental.feedback_dates(feedback, ctx.seen.built), now_ns, cfg)
+        incremental.save(fs, root, state, cfg.storage_options)
     summary.duplicates = ctx.counts.duplicates
     summary.no_request = ctx.counts.no_request
     summary.by_instrumentation = ctx.counts.by_scope

@@ -76,8 +76,9 @@ class TransformConfig:
                                                        "first_user_message, conversation, attribute:<key> or none",
                             pattern=r"first_user_message|conversation|none|attribute:.+",
                             metavar="first_user_message|conversation|none|attribute:KEY")
-    settle: float = setting(600.0, help="build a trajectory once nothing has arrived for it for this long "
-                                        "(0 = now)", bounds="[0, inf)", metavar="DURATION")
+    settle: float = setting(600.0, help="build a trajectory once nothing has arrived for it for this long by the "
+                                        "build's clock (six times this long if its root span never ended; 0 = now)",
+                            bounds="[0, inf)", metavar="DURATION")
     since: str = setting("", help="first date of spans to build from (default: all)", pattern=_DATE,
                          metavar="YYYY-MM-DD")
     until: str = setting("", help="last date (default: all)", pattern=_DATE, metavar="YYYY-MM-DD")
@@ -87,9 +88,10 @@ class TransformConfig:
                                   metavar="REGEX")
     memory_budget: int = setting(512 << 20, help="peak memory to aim for; more data is processed in buckets of "
                                                  "traces", bounds="[1, inf)", metavar="SIZE")
-    incremental: bool = setting(False, help="rebuild only the dates whose spans or feedback changed since the last "
-                                            "build (late spans however late; a rerun with nothing new writes "
-                                            "nothing; what `nightly` runs)")
+    incremental: bool = setting(False, help="rebuild only the dates whose rows changed since the last build (new "
+                                            "or late spans however late, log events, feedback added or removed, "
+                                            "trajectories that settled): the same rows as a full build; a rerun "
+                                            "with nothing new writes nothing; what `nightly` runs")
     storage_options: dict = setting(factory=dict, help="passed to fsspec for data")
     reward: RewardConfig = setting(factory=RewardConfig, help="rewards")
     credit: CreditConfig = setting(factory=CreditConfig, help="credit assignment")
