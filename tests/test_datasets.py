@@ -530,3 +530,28 @@ def test_two_collectors_writing_into_one_data_folder_keep_every_span(tmp_path, d
     assert sorted(read_dataset(data, "spans")["name"].to_list()) == ["a", "b"]
     again = flush_segment(seg_a, DatasetStore(str(data)), instance=ida)  # a redo rewrites its own file
     assert again.duplicates == 0 and len(list((data / "spans").rglob("*.parquet"))) == 2
+
+
+def test_a_torn_or_foreign_file_in_a_partition_is_named_and_skipped_not_a_stopped_date(segs, data, caplog):
+    """A user's partial copy (`cp` cut short) or another tool's Parquet inside a
+    spans partition used to make the dedup index of that date raise on every
+    flush, so nothing more reached that date and the WAL filled (503s)."""
+    import logging
+
+    import pyarrow as pa
+
+    a = segs.write(span_request((TRACE, ROOT, T0, "root")))
+    assert flush_segment(a, DatasetStore(str(data))).spans == 1
+    (stored,) = (data / "spans").rglob("*.parquet")
+    torn = stored.with_name("copy of part.parquet")
+    torn.write_bytes(stored.read_bytes()[: stored.stat().st_size // 2])
+    foreign = stored.with_name("notes.parquet")
+    pq.write_table(pa.table({"note": ["not spans"]}), foreign)
+    b = segs.write(span_request((TRACE, ROOT, T0, "root-resent"), (TRACE, CHILD, T0 + 1, "child")))
+    with caplog.at_level(logging.WARNING, logger="nightshift.collector.datasets"):
+        res = flush_segment(b, DatasetStore(str(data)))  # a fresh store: reads the partition's files
+    assert (res.spans, res.duplicates) == (1, 1)  # the readable file still dedups
+    said = caplog.text
+    assert str(torn) in said and str(foreign) in said and "left out of the duplicate check" in said
+    spans = pl.read_parquet([stored, *[p for p in (data / "spans").rglob("part-*.parquet") if p != stored]])
+    assert sorted(spans["name"].to_list()) == ["child", "root"]
