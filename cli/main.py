@@ -6,7 +6,7 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from nightshift.settings import SettingsError, add_flags, flag_names, flags_of, load
+from nightshift.settings import SettingsError, add_flags, check_sections, flag_names, flags_of, load
 
 from .console import setup_logging
 
@@ -15,6 +15,14 @@ EPILOG = """Settings come from, lowest first: built-in defaults, the YAML file g
 variables (NIGHTSHIFT_DATA, NIGHTSHIFT_COLLECTOR_TOKEN, ...), then flags.
 Agents need only OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 (gRPC) or
 http://127.0.0.1:4318 with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf."""
+
+
+#: The YAML file's top-level keys: the shared `data:`, and the section of each stage
+#: that reads the file (`load(Config, "<section>", args.config, ...)` in the
+#: commands). A key not here is a typo, refused before any command runs, never
+#: silently ignored with everything under it. The publish settings are the nightly
+#: job's (`nightly:`), so `publish:` is not one.
+SECTIONS = ("data", "collector", "transform", "train", "nightly", "serve", "route")
 
 
 def _version() -> str:
@@ -231,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "config", None):
+            check_sections(args.config, SECTIONS)
         return args.func(args)
     except SettingsError as e:
         print(f"nightshift: configuration error: {e}", file=sys.stderr)

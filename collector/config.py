@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nightshift.settings import invalid, setting
+from nightshift.settings import invalid, listen_address_or_off, setting
 
 from .redact import DEFAULT_PRESETS, PRESETS
-
-_ADDRESS = r"off|\[?[0-9A-Za-z.:-]*\]?:[0-9]{1,5}"
 
 
 @dataclass
@@ -31,8 +29,10 @@ class CollectorConfig:
 
     data: str = setting("./nightshift-data", help="dataset root: a folder or an fsspec URL (s3://bucket/prefix)",
                         metavar="DIR|URL")
-    grpc: str = setting("127.0.0.1:4317", help="gRPC listen address, or `off`", pattern=_ADDRESS, metavar="HOST:PORT|off")
-    http: str = setting("127.0.0.1:4318", help="HTTP listen address, or `off`", pattern=_ADDRESS, metavar="HOST:PORT|off")
+    grpc: str = setting("127.0.0.1:4317", help="gRPC listen address, or `off`", check=listen_address_or_off,
+                        metavar="HOST:PORT|off")
+    http: str = setting("127.0.0.1:4318", help="HTTP listen address, or `off`", check=listen_address_or_off,
+                        metavar="HOST:PORT|off")
     wal: str = setting("", help="the write-ahead log's folder, always local (default <data>/wal, or ./nightshift-wal "
                                 "when data is remote)", metavar="DIR")
     token: str = setting("", help="require `Authorization: Bearer TOKEN` on both transports", metavar="TOKEN")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from nightshift.settings import SettingsError, invalid, setting, validate
+from nightshift.settings import SettingsError, invalid, listen_address, setting, validate
 
 _ADDRESS = re.compile(r"\[?([0-9A-Za-z.:-]*?)\]?:([0-9]{1,5})")
 
@@ -22,7 +22,7 @@ class RouteConfig:
     data: str = setting("./nightshift-data", help="dataset root; the route table lives under it unless --state says "
                                                   "where", metavar="DIR")
     listen: str = setting("127.0.0.1:8100", help="where the agents reach the proxy (their OPENAI_BASE_URL is "
-                                                 "http://HOST:PORT/v1)", metavar="HOST:PORT", pattern=_ADDRESS.pattern)
+                                                 "http://HOST:PORT/v1)", metavar="HOST:PORT", check=listen_address)
     upstream: str = setting("http://127.0.0.1:8000", help="the vLLM server (or `nightshift serve`) behind it",
                             metavar="http(s)://HOST:PORT", pattern=r"https?://[^/\s]+/?")
     state: str = setting("", help="the route table's file, rewritten atomically on every change and read at start "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nightshift.settings import invalid, setting, validate
+from nightshift.settings import host_problem, invalid, setting, validate
 from nightshift.trainer.config import VLLM_LORA_RANKS
 
 
@@ -18,8 +18,8 @@ class ServeConfig:
     model: str = setting("", help="the base model (the transformers engine needs a local folder: nothing is "
                                   "downloaded)", metavar="PATH|NAME")
     served_model_name: str = setting("", help="the name clients use for the base (default: --model)", metavar="NAME")
-    host: str = setting("127.0.0.1", help="listen address")
-    port: int = setting(8000, help="listen port", bounds="[0, 65535]")
+    host: str = setting("127.0.0.1", help="listen address", check=host_problem)
+    port: int = setting(8000, help="listen port", bounds="[1, 65535]")
     api_key: str = setting("", help="require `Authorization: Bearer KEY` on /v1 (default: $VLLM_API_KEY)",
                            metavar="KEY")
     max_lora_rank: int = setting(16, help="largest adapter rank", choices=VLLM_LORA_RANKS)

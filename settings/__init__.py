@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import ipaddress
 import json
 import os
 import re
@@ -56,18 +58,21 @@ def invalid(path: str, message: str) -> SettingsError:
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING,
             choices: tuple = (), bounds: str = "", pattern: str = "", regex: bool = False, metavar: str = "",
-            flag: str = "") -> Any:
+            flag: str = "", check: Callable[[Any], str] | None = None) -> Any:
     """A config field with what its flag, its `--help` line and its check are made from.
 
     `choices`: the values it may take. `bounds`: an interval it must lie in, written
     as a mathematician would (`[0, 1)`, `(0, inf)`, `[1, 512]`). `pattern`: a regex
     a text value must match whole (empty text always passes: "not set").
-    `regex`: the value is itself a regex and must compile. `flag`: the flag's name
-    when it is not `--<key>` (kept for flags that predate the declaration)."""
+    `regex`: the value is itself a regex and must compile. `check`: a function
+    saying what is wrong with a (non-empty) value, "" when nothing is: the checks
+    of a kind of value shared by several stages (`listen_address`). `flag`: the
+    flag's name when it is not `--<key>` (kept for flags that predate the
+    declaration)."""
     if bounds:
         _interval(bounds)  # a typo in a declaration fails at import, not on a user's value
     meta = {"help": help, "choices": tuple(choices), "bounds": bounds, "pattern": pattern, "regex": regex,
-            "metavar": metavar, "flag": flag}
+            "metavar": metavar, "flag": flag, "check": check}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -104,7 +109,84 @@ def _problem(f: dataclasses.Field, value: Any) -> str:
             re.compile(value.removeprefix("re:"))
         except re.error as e:
             return f"not a valid regex: {e} (in {value!r})"
+    if meta.get("check") and value not in ("", None):
+        return meta["check"](value)
     return ""
+
+
+# --- addresses ----------------------------------------------------------------------------------
+
+_LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+
+
+def host_problem(host: str) -> str:
+    """What is wrong with a host to listen on (a name, an IPv4 or an IPv6 address),
+    or "". Checked here so that a typo is a sentence before start-up, not an error
+    from a socket library after half of a process has started."""
+    if not host:
+        return "the host is missing (0.0.0.0 listens on every interface, 127.0.0.1 on this machine only)"
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+        return ""
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv4 address"
+        return ""
+    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
+        return f"{host!r} is not a host name or an IP address"
+    return ""
+
+
+def split_address(text: str, form: str = "HOST:PORT") -> tuple[str, int]:
+    """(host, port) of `HOST:PORT` or `[IPV6]:PORT`, or ValueError saying what is
+    wrong with it. Every listener's address goes through here, so a port past
+    65535 is refused instead of wrapped around (99999 became 34463 in gRPC) and
+    each stage says it the same way."""
+    m = re.fullmatch(r"\[([^\]]*)\]:([0-9]+)|([^:\[\]]*):([0-9]+)", text.strip())
+    if not m:
+        if text.count(":") > 1 and not text.strip().startswith("["):
+            raise ValueError(f"{text!r}: an IPv6 host goes in brackets, e.g. [::1]:8000")
+        raise ValueError(f"{text!r} is not of the form {form}")
+    host = m.group(1) if m.group(1) is not None else m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    problem = host_problem(host)
+    if problem:
+        raise ValueError(problem)
+    return host, port
+
+
+def listen_address(value: str) -> str:
+    """A `check` for HOST:PORT settings."""
+    try:
+        split_address(value)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def listen_address_or_off(value: str) -> str:
+    """A `check` for HOST:PORT settings where `off` turns the listener off."""
+    if value == "off":
+        return ""
+    try:
+        split_address(value, "HOST:PORT|off")
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def _suggest(name: str, known) -> str:
+    """` (did you mean 'route'?)` when `name` looks like a typo of a known name."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -122,13 +204,19 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             if s in ("0", "false", "no", "off"):
                 return False
             raise ValueError(f"not a boolean: {value!r}")
+        if isinstance(value, bool) and tp in (int, float):  # YAML's `true`: an int to Python, a typo to anyone
+            raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         if tp is int:
             if isinstance(value, int):
                 return value
             m = re.fullmatch(r"\s*([0-9_.]+)\s*([A-Za-z]*)\s*", str(value))
             if not m or m.group(2).lower() not in _UNITS:
                 raise ValueError(f"not a size or integer: {value!r}")
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            digits = m.group(1)
+            number = (float(digits) if "." in digits else int(digits)) * _UNITS[m.group(2).lower()]
+            if number != int(number):  # 30.9 used to become 30 without a word; 1.5KiB is a whole 1536
+                raise ValueError(f"not a whole number: {value!r}")
+            return int(number)
         if tp is float:
             if isinstance(value, (int, float)):
                 return float(value)
@@ -170,7 +258,8 @@ def _apply(obj: Any, values: dict, path: str, origin: Callable[[str], str], wher
     for key, value in values.items():
         here = f"{path}.{key}"
         if key not in names:
-            raise SettingsError(f"{origin(here)} ({here}): unknown setting {key!r} (known in {path}: {', '.join(sorted(names))})")
+            hint = _suggest(str(key), names) or f" (known in {path}: {', '.join(sorted(names))})"
+            raise SettingsError(f"{origin(here)} ({here}): unknown setting {key!r}{hint}")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
@@ -212,15 +301,7 @@ def load(cls: type, section: str, config_file: str | None = None, flags: dict | 
     obj = cls()
     where: dict[str, str] = {}
     if config_file:
-        try:
-            with open(config_file) as fh:
-                doc = yaml.safe_load(fh) or {}
-        except OSError as e:
-            raise SettingsError(f"cannot read config file {config_file}: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            raise SettingsError(f"{config_file} is not valid YAML: {e}") from None
-        if not isinstance(doc, dict):
-            raise SettingsError(f"{config_file}: expected a mapping at the top level")
+        doc = read_file(config_file)
         names = {f.name for f in dataclasses.fields(obj)}
         top = {k: doc[k] for k in SHARED if k in doc and k in names}
         sec = doc.get(section) or {}
@@ -236,6 +317,37 @@ def load(cls: type, section: str, config_file: str | None = None, flags: dict | 
     if check:
         validate(obj, section, where)
     return obj
+
+
+def read_file(config_file: str) -> dict:
+    """The YAML settings file as a mapping, or a SettingsError naming the file and
+    what is wrong with it (unreadable, not UTF-8, not YAML, not a mapping)."""
+    try:
+        with open(config_file, "rb") as fh:
+            raw = fh.read()
+        doc = yaml.safe_load(raw.decode("utf-8")) or {}
+    except OSError as e:
+        raise SettingsError(f"cannot read config file {config_file}: {e.strerror}") from None
+    except UnicodeDecodeError as e:  # a file saved as Latin-1, or not text at all
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise SettingsError(f"{config_file} is not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}): "
+                            "save it as UTF-8") from None
+    except yaml.YAMLError as e:
+        raise SettingsError(f"{config_file} is not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise SettingsError(f"{config_file}: expected a mapping at the top level")
+    return doc
+
+
+def check_sections(config_file: str, known) -> None:
+    """Every top-level key of the YAML file is one of `known` (the shared keys and
+    the stages' sections, which only the caller knows: settings/ imports no stage),
+    so that a misspelt section (`rout:`) is refused instead of silently ignored
+    with everything in it."""
+    for name in read_file(config_file):
+        if name not in known:
+            hint = _suggest(str(name), known) or f" (known: {', '.join(sorted(known))})"
+            raise SettingsError(f"{config_file}: unknown section {str(name)!r}{hint}")
 
 
 def _given(flags: dict) -> dict:
