@@ -278,6 +278,31 @@ def test_padded_batches_and_generation_take_sdpa(tok):
         plain.generate(prompt, max_new_tokens=6, do_sample=False).tolist()
 
 
+@torch.no_grad()
+def test_self_check_passes_a_right_kernel_and_names_a_wrong_one():
+    """The check the CUDA kernel must pass before a run uses it, here on stand-ins,
+    under no_grad (its first use may come from a μ recomputation)."""
+    cpu = torch.device("cpu")
+    assert attention.self_check(cpu, kernel_2_11) is None
+    assert attention.self_check(cpu, kernel_2_10) is None
+
+    def leaks(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+              enable_gqa=False):
+        whole = torch.tensor([0, query.shape[0]], dtype=torch.int32)
+        return attention.per_sequence_attn(query, key, value, whole, whole, query.shape[0], query.shape[0],
+                                           scale=scale, window_size=window_size, enable_gqa=enable_gqa)
+
+    assert attention.self_check(cpu, leaks).startswith("varlen_attn failed its self-check: output off by")
+
+    def cuda_only(*args, **kwargs):
+        raise NotImplementedError("Could not run 'torch_attn::_varlen_attn' with arguments from the 'CPU' backend")
+
+    cuda_only.__signature__ = __import__("inspect").signature(kernel_2_13)
+    assert attention.self_check(cpu, cuda_only) == ("varlen_attn failed its self-check: NotImplementedError: Could "
+                                                    "not run 'torch_attn::_varlen_attn' with arguments from the "
+                                                    "'CPU' backend")
+
+
 def test_choices_on_a_cpu():
     assert attention.packed_attention("cpu").why == "nightshift_varlen: sdpa per sequence on the cpu, no mask"
     assert attention.packed_attention("cpu", attention.VARLEN).name == attention.VARLEN

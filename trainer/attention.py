@@ -310,29 +310,35 @@ def register() -> None:
 
 @functools.lru_cache(maxsize=8)
 def _self_check(device_index: int) -> str | None:
-    """Run the kernel once, forward and backward, on ragged GQA sequences (lengths
-    1 to 300) against sdpa sequence by sequence on the same GPU. A kernel that
-    raises or disagrees costs this run its speed, not its night: the run falls
-    back to sdpa per sequence and the plan line says why."""
-    device = torch.device("cuda", device_index)
+    return self_check(torch.device("cuda", device_index), torch_varlen())
+
+
+def self_check(device: torch.device, kernel: Callable[..., torch.Tensor]) -> str | None:
+    """Run `kernel` once, forward and backward, on ragged GQA sequences (lengths 1
+    to 300) against sdpa sequence by sequence in fp32 on the same device; None if
+    it agrees, else why not. A kernel that raises or disagrees costs the run its
+    speed, not its night: it falls back to sdpa per sequence and the plan line
+    says why. Runs with gradients on and autocast off whatever the caller's
+    context (the first use may come under no_grad, from a μ recomputation)."""
     try:
-        gen = torch.Generator(device=device).manual_seed(0)
-        lengths = [1, 7, 300, 64]
-        t, hq, hkv, d = sum(lengths), 8, 2, 64
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
-        q, k, v = (torch.randn(t, h, d, device=device, generator=gen, dtype=torch.bfloat16).requires_grad_()
-                   for h in (hq, hkv, hkv))
-        out = call_varlen(q, k, v, cu, cu, max(lengths), max(lengths), scale=d ** -0.5, kernel=torch_varlen())
-        grad = torch.randn(out.shape, device=device, generator=gen, dtype=out.dtype)
-        got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
-        qr, kr, vr = (x.detach().float().requires_grad_() for x in (q, k, v))
-        ref_out = per_sequence_attn(qr, kr, vr, cu, cu, max(lengths), max(lengths), scale=d ** -0.5,
-                                    window_size=(-1, 0), enable_gqa=True)
-        want = [ref_out, *torch.autograd.grad(ref_out, (qr, kr, vr), grad.float())]
-        for name, g, w in zip(("output", "dq", "dk", "dv"), got, want):
-            err = (g.float() - w).abs().max().item()
-            if not err <= 0.05 * max(w.abs().max().item(), 1.0):  # bf16 against fp32: ~1e-2 at worst
-                return f"varlen_attn failed its self-check: {name} off by {err:.3g}"
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
+            gen = torch.Generator(device=device).manual_seed(0)
+            lengths = [1, 7, 300, 64]
+            t, hq, hkv, d = sum(lengths), 8, 2, 64
+            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            q, k, v = (torch.randn(t, h, d, device=device, generator=gen).to(torch.bfloat16).requires_grad_()
+                       for h in (hq, hkv, hkv))
+            out = call_varlen(q, k, v, cu, cu, max(lengths), max(lengths), scale=d ** -0.5, kernel=kernel)
+            grad = torch.randn(out.shape, device=device, generator=gen).to(out.dtype)
+            got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
+            qr, kr, vr = (x.detach().float().requires_grad_() for x in (q, k, v))
+            ref_out = per_sequence_attn(qr, kr, vr, cu.cpu(), cu.cpu(), max(lengths), max(lengths), scale=d ** -0.5,
+                                        window_size=(-1, 0), enable_gqa=True)
+            want = [ref_out, *torch.autograd.grad(ref_out, (qr, kr, vr), grad.float())]
+            for name, g, w in zip(("output", "dq", "dk", "dv"), got, want):
+                err = (g.float() - w).abs().max().item()
+                if not err <= 0.05 * max(w.abs().max().item(), 1.0):  # bf16 against fp32: ~1e-2 at worst
+                    return f"varlen_attn failed its self-check: {name} off by {err:.3g}"
     except Exception as e:  # noqa: BLE001 - any failure means: do not use the kernel
         return f"varlen_attn failed its self-check: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
     return None
