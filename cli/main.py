@@ -41,9 +41,13 @@ def _collector_config(args: argparse.Namespace):
 def cmd_collect(args: argparse.Namespace) -> int:
     cfg = _collector_config(args)
     setup_logging(cfg.log_level)
-    from nightshift.collector.server import run
+    from nightshift.collector.server import CannotStart, run
 
-    return run(cfg)
+    try:
+        return run(cfg)
+    except CannotStart as e:  # a busy port, a WAL another collector holds: nothing was left running
+        print(f"nightshift collect: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:

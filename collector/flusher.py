@@ -87,10 +87,39 @@ def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTE
                          len(s.files) + len(lg.files) + len(fd.files))
 
 
-def _lock(path: Path):
-    f = open(path, "a+")
-    fcntl.flock(f, fcntl.LOCK_EX)  # waits for an orphaned flusher to finish
-    return f
+def _lock(directory: Path, stop, parent_pid: int, poll_s: float):
+    """The flusher's lock in the WAL folder (waiting for an orphaned flusher to
+    finish), or None if told to stop first. A folder that is gone (deleted under
+    a running collector, whose log then refuses writes) is waited for, not a
+    crash to restart every second."""
+    while os.getppid() == parent_pid:
+        try:
+            f = open(directory / "flusher.lock", "a+")
+        except FileNotFoundError:
+            if stop.is_set():  # the log recreates the folder before this is set, if it held anything
+                return None
+            stop.wait(poll_s)
+            continue
+        fcntl.flock(f, fcntl.LOCK_EX)
+        return f
+    return None
+
+
+def _oldest_ns(segments: list[Path]) -> float:
+    try:
+        return float(segments[0].stat().st_mtime_ns) if segments else 0.0
+    except FileNotFoundError:  # its folder was deleted a moment ago
+        return 0.0
+
+
+def _trim(segment: Path, directory: Path) -> None:
+    """The flushed segment deleted, durably. Already gone with its folder: its
+    records are in Parquet all the same."""
+    segment.unlink(missing_ok=True)
+    try:
+        fsync(directory)
+    except FileNotFoundError:
+        pass
 
 
 def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, parent_pid: int,
@@ -105,7 +134,9 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
         pass
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     directory = Path(wal_dir)
-    lock = _lock(directory / "flusher.lock")
+    lock = _lock(directory, stop, parent_pid, poll_s)
+    if lock is None:
+        return
     try:
         instance = wal.instance_id(directory)
         store: DatasetStore | None = None  # made on first use: a store that is down at start is retried too
@@ -115,7 +146,7 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
                 log.warning("flusher: collector is gone; exiting so a restart can take over")
                 return
             segments = wal.sealed_segments(directory)
-            stats[OLDEST_PENDING_NS] = float(segments[0].stat().st_mtime_ns) if segments else 0.0
+            stats[OLDEST_PENDING_NS] = _oldest_ns(segments)
             if not segments:
                 if stop.is_set():
                     return
@@ -132,8 +163,7 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
                     )
                 res = flush_segment(seg, store, instance=instance)
                 failpoints.hit("flusher.after_commit")  # Parquet durable, segment not yet trimmed
-                seg.unlink()
-                fsync(directory)
+                _trim(seg, directory)
             except Exception as e:  # noqa: BLE001 - the segment stays; retried with backoff
                 backoff = min(30.0, max(0.5, backoff * 2))
                 stats[ERRORS] += 1

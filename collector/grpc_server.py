@@ -13,7 +13,7 @@ from concurrent import futures
 
 import grpc
 
-from . import decode
+from . import decode, listen
 from .errors import Overloaded, Refused, TooLarge, Unauthenticated, wire_status
 from .fairness import peer_host
 from .pipeline import Pipeline
@@ -64,8 +64,11 @@ def make_export(signal: str, pipeline: Pipeline, token: str, limit: int):
     return export
 
 
-def start(address: str, pipeline: Pipeline, *, token: str, limit: int, workers: int,
-          tls: tuple[bytes, bytes] | None) -> tuple[grpc.Server, int]:
+def bind(address: str, pipeline: Pipeline, *, token: str, limit: int, workers: int,
+         tls: tuple[bytes, bytes] | None) -> tuple[grpc.Server, int]:
+    """The server bound to `address`, not yet started; CannotListen says why it
+    cannot be (tried with a plain socket first: gRPC's own error has no reason)."""
+    listen.try_bind(address)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
         options=[
@@ -77,12 +80,15 @@ def start(address: str, pipeline: Pipeline, *, token: str, limit: int, workers: 
     server.add_generic_rpc_handlers(
         [grpc.method_handlers_generic_handler(svc, {"Export": grpc.unary_unary_rpc_method_handler(make_export(sig, pipeline, token, limit))}) for sig, svc in SERVICES.items()]
     )
-    if tls:
-        cert, key = tls
-        port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if tls:
+            cert, key = tls
+            port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # taken since try_bind, a moment ago
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen for gRPC on {address}")
-    server.start()
+        server.stop(None)
+        raise listen.CannotListen(address, "gRPC could not bind it (taken a moment ago?)")
     return server, port

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Callable, Mapping
 
 from google.protobuf import json_format
 
-from . import decode, otlp_json
+from . import decode, listen, otlp_json
 from .errors import (BadRequest, NotFound, Overloaded, Refused, RequestTimeout, TooLarge, Unauthenticated,
                      UnsupportedMediaType, wire_status)
 from .pipeline import Pipeline
@@ -107,6 +108,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable[[], tuple[bool, dict]],
@@ -225,15 +230,23 @@ def make_handler(pipeline: Pipeline, *, token: str, limit: int, health: Callable
     return Handler
 
 
-def start(address: str, pipeline: Pipeline, *, token: str, limit: int, tls: ssl.SSLContext | None,
-          health: Callable[[], tuple[bool, dict]], before_scrape: Callable[[], None] = lambda: None,
-          request_timeout: float | None = 60.0) -> tuple[_Server, int]:
-    host, _, port = address.rpartition(":")
+def bind(address: str, pipeline: Pipeline, *, token: str, limit: int, tls: ssl.SSLContext | None,
+         health: Callable[[], tuple[bool, dict]], before_scrape: Callable[[], None] = lambda: None,
+         request_timeout: float | None = 60.0) -> tuple[_Server, int]:
+    """The server bound to `address` but not yet answering (`serve`), so that a
+    collector that cannot listen stops before it starts anything else;
+    CannotListen says why."""
+    host, port = listen.host_port(address)
     handler = make_handler(pipeline, token=token, limit=limit, health=health, before_scrape=before_scrape,
                            request_timeout=request_timeout)
-    server = _Server((host.strip("[]"), int(port)), handler)
+    try:
+        server = (_Server6 if ":" in host else _Server)((host, port), handler)
+    except OSError as e:
+        raise listen.CannotListen(address, listen.why(address, e)) from None
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)
-    t.start()
     return server, server.server_address[1]
+
+
+def serve(server: _Server) -> None:
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True).start()

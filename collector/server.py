@@ -1,10 +1,14 @@
 """`nightshift collect`: wires WAL, flusher process, gRPC and HTTP receivers, and
 runs until SIGTERM or SIGINT, then drains: stop accepting, seal the log, let the
-flusher write everything to Parquet, exit 0."""
+flusher write everything to Parquet, exit 0.
+
+Start-up takes everything that can be refused (the WAL's lock, the TLS files,
+both listening addresses) before it starts anything that would have to be
+stopped (the flusher process, the receivers' threads): a collector that cannot
+start says so in one sentence (`CannotStart`) and leaves nothing running."""
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import logging
 import multiprocessing as mp
@@ -15,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import flusher_stats, grpc_server, http_server, wal
+from . import flusher_stats, grpc_server, http_server, listen, wal
 from .config import CollectorConfig
 from .fairness import ClientLimits
 from .metrics import Metrics
@@ -23,6 +27,10 @@ from .pipeline import Pipeline
 from .redact import Redactor
 
 log = logging.getLogger("nightshift.collector")
+
+
+class CannotStart(Exception):
+    """The collector cannot start; the message is the one sentence to show."""
 
 
 def _is_loopback(address: str) -> bool:
@@ -55,7 +63,7 @@ class Collector:
         self._flusher_stop = self._ctx.Event()
         self._stats = self._ctx.Array("d", flusher_stats.NSTATS, lock=False)
         self._flusher: mp.process.BaseProcess | None = None
-        self._lockfile = None
+        self._grpc = self._http = None
 
     # --- flusher process ----------------------------------------------------------------
 
@@ -71,13 +79,16 @@ class Collector:
         log.info("flusher started (pid %d)", self._flusher.pid)
 
     def _health(self) -> tuple[bool, dict]:
+        ok = self.ready and not self.log.lost  # a log without its folder acknowledges nothing
         info = {
-            "status": "ok" if self.ready else "unavailable",
+            "status": "ok" if ok else "unavailable",
             "wal_bytes": self.log.bytes_on_disk,
             "flusher_pid": self._flusher.pid if self._flusher else None,
             "flusher_alive": bool(self._flusher and self._flusher.is_alive()),
         }
-        return self.ready, info
+        if self.log.lost:
+            info["problem"] = self.log.lost
+        return ok, info
 
     def _refresh_gauges(self) -> None:
         m, s = self.metrics, self._stats
@@ -93,13 +104,13 @@ class Collector:
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
+        """Everything up, or CannotStart with nothing left running."""
         cfg = self.cfg
-        self.wal_dir.mkdir(parents=True, exist_ok=True)
-        self._lockfile = open(self.wal_dir / "collector.lock", "a+")
+        tls_pair, http_tls = self._tls()
         try:
-            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SystemExit(f"another collector is using the write-ahead log at {self.wal_dir}") from None
+            self.wal_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CannotStart(f"cannot create the write-ahead log's folder {self.wal_dir}: {e.strerror}") from None
         for addr in (cfg.grpc, cfg.http):
             if addr and addr != "off" and not _is_loopback(addr) and not cfg.token:
                 log.warning("listening on non-loopback %s WITHOUT a bearer token: anyone who can reach it can write "
@@ -107,7 +118,7 @@ class Collector:
         redactor = Redactor.from_config(cfg.redact.presets, cfg.redact.rules, cfg.redact.drop_keys)
         self.log = wal.WriteAheadLog(
             self.wal_dir, segment_bytes=cfg.segment_bytes, roll_interval=cfg.flush_interval,
-            cap_bytes=cfg.wal_cap_bytes, sync=cfg.fsync,
+            cap_bytes=cfg.wal_cap_bytes, sync=cfg.fsync, lock=True,
         )
 
         def on_sync(seconds: float, n: int) -> None:
@@ -115,27 +126,26 @@ class Collector:
             self.metrics.fsync_batch.observe(n)
 
         self.log.on_sync = on_sync
-        self.log.open()
-        wal.instance_id(self.wal_dir)  # now, while there is room: the flusher needs it to name its files
-        self._start_flusher()
+        try:
+            self.log.open()
+        except wal.LogInUse as e:
+            raise CannotStart(str(e)) from None
         limits = ClientLimits(cfg.client_max_inflight, cfg.client_bytes_per_s, cfg.client_burst_bytes)
         self.pipeline = Pipeline(self.log, redactor, self.metrics, cfg.max_inflight, limits)
-        tls_pair = None
-        http_tls = None
-        if cfg.tls_cert or cfg.tls_key:
-            tls_pair = (Path(cfg.tls_cert).read_bytes(), Path(cfg.tls_key).read_bytes())
-            http_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            http_tls.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-        self._grpc = self._http = None
-        if cfg.grpc and cfg.grpc != "off":
-            self._grpc, self.grpc_port = grpc_server.start(
-                cfg.grpc, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, workers=cfg.grpc_workers, tls=tls_pair
-            )
-        if cfg.http and cfg.http != "off":
-            self._http, self.http_port = http_server.start(
-                cfg.http, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, tls=http_tls, health=self._health,
-                before_scrape=self._refresh_gauges, request_timeout=cfg.request_timeout or None,
-            )
+        try:
+            self._bind(tls_pair, http_tls)
+            wal.instance_id(self.wal_dir)  # now, while there is room: the flusher needs it to name its files
+        except (CannotStart, OSError) as e:
+            self._unbind()
+            self.log.close()
+            if isinstance(e, CannotStart):
+                raise
+            raise CannotStart(f"cannot write in the write-ahead log's folder {self.wal_dir}: {e.strerror}") from None
+        self._start_flusher()
+        if self._http:
+            http_server.serve(self._http)
+        if self._grpc:
+            self._grpc.start()
         self.ready = True
         log.info(
             "collector ready: grpc=%s http=%s%s data=%s wal=%s redaction=%s",
@@ -144,6 +154,51 @@ class Collector:
             " (tls)" if tls_pair else "", cfg.data, self.wal_dir,
             ",".join(cfg.redact.presets + [r["name"] for r in cfg.redact.rules]) or "off",
         )
+
+    def _tls(self) -> tuple[tuple[bytes, bytes] | None, ssl.SSLContext | None]:
+        """The certificate and key for gRPC (bytes) and HTTP (a context), read now
+        so that a missing or broken file is a sentence before anything starts."""
+        cfg = self.cfg
+        if not (cfg.tls_cert or cfg.tls_key):
+            return None, None
+        try:
+            pair = (Path(cfg.tls_cert).read_bytes(), Path(cfg.tls_key).read_bytes())
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        except ssl.SSLError as e:
+            raise CannotStart(f"the TLS certificate {cfg.tls_cert} and key {cfg.tls_key} cannot be used ({e.reason or e}): "
+                              "give a PEM certificate and its private key") from None
+        except OSError as e:
+            raise CannotStart(f"cannot read {e.filename or 'the TLS certificate or key'} (collector.tls_cert / "
+                              f"tls_key): {e.strerror}") from None
+        return pair, context
+
+    def _bind(self, tls_pair: tuple[bytes, bytes] | None, http_tls: ssl.SSLContext | None) -> None:
+        """Both receivers bound, neither answering yet."""
+        cfg = self.cfg
+        try:
+            if cfg.grpc and cfg.grpc != "off":
+                name = "grpc"
+                self._grpc, self.grpc_port = grpc_server.bind(
+                    cfg.grpc, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, workers=cfg.grpc_workers,
+                    tls=tls_pair,
+                )
+            if cfg.http and cfg.http != "off":
+                name = "http"
+                self._http, self.http_port = http_server.bind(
+                    cfg.http, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, tls=http_tls,
+                    health=self._health, before_scrape=self._refresh_gauges, request_timeout=cfg.request_timeout or None,
+                )
+        except listen.CannotListen as e:
+            raise CannotStart(f"cannot listen on {e.address} (collector.{name}): {e.reason}") from None
+
+    def _unbind(self) -> None:
+        if self._http:
+            self._http.server_close()
+            self._http = None
+        if self._grpc:
+            self._grpc.stop(None)
+            self._grpc = None
 
     def _watch_flusher(self) -> None:
         """Restarts a flusher that died, or that has been stuck on one segment for
@@ -177,29 +232,43 @@ class Collector:
         self._stop.set()
 
     def shutdown(self) -> int:
+        """Stops the receivers, seals the log, lets the flusher drain. Each step runs
+        whatever the one before met (a WAL folder deleted under it once raised here
+        and left the flusher waiting forever)."""
         log.info("shutting down: refusing new requests, draining")
         self.ready = False
-        if self._http:
-            self._http.shutdown()
-            self._http.server_close()
-        if self._grpc:
-            self._grpc.stop(grace=5.0).wait()
-        self.log.close()
-        self._flusher_stop.set()
-        if self._flusher:
-            self._flusher.join(self.cfg.shutdown_timeout)
-            if self._flusher.is_alive():
-                log.warning("flusher did not finish within %.0fs; stopping it. Unflushed data stays in %s and is "
-                            "flushed on the next start.", self.cfg.shutdown_timeout, self.wal_dir)
-                self._flusher.terminate()
-                self._flusher.join(5)
-        left = sum(p.stat().st_size for p in wal.sealed_segments(self.wal_dir))
+        try:
+            if self._http:
+                self._http.shutdown()
+                self._http.server_close()
+            if self._grpc:
+                self._grpc.stop(grace=5.0).wait()
+        finally:
+            try:
+                self.log.close()
+            finally:
+                self._flusher_stop.set()
+                self._stop_flusher()
+        try:
+            left = sum(p.stat().st_size for p in wal.sealed_segments(self.wal_dir))
+        except OSError:
+            left = 0
         s = self._stats
         log.info("stopped: %d spans, %d log records and %d feedback labels written to Parquet this run, "
                  "%d duplicates dropped%s",
                  s[flusher_stats.SPANS], s[flusher_stats.LOGS], s[flusher_stats.FEEDBACK], s[flusher_stats.DUPLICATES],
                  f"; {left} bytes left in the WAL for next start" if left else "")
         return 0
+
+    def _stop_flusher(self) -> None:
+        if not self._flusher:
+            return
+        self._flusher.join(self.cfg.shutdown_timeout)
+        if self._flusher.is_alive():
+            log.warning("flusher did not finish within %.0fs; stopping it. Unflushed data stays in %s and is "
+                        "flushed on the next start.", self.cfg.shutdown_timeout, self.wal_dir)
+            self._flusher.terminate()
+            self._flusher.join(5)
 
 
 def run(cfg: CollectorConfig) -> int:

@@ -8,6 +8,18 @@ whole batch, then wakes them all. Segments roll by size or age; a sealed segment
 are durable. The active segment is `<id>.active`; after a crash it is scanned,
 cut at the first torn or corrupt record, and sealed.
 
+An acknowledged record must be on disk, so each group commit also checks that the
+open segment is still the file at its path (one stat, cheap beside the fsync). A
+folder deleted, moved or unmounted under a running collector turns the log `lost`:
+writes are refused (503 / UNAVAILABLE, retryable: the clients keep their spans)
+instead of acknowledged into an unlinked file, and health turns red. The records
+acknowledged before, still in the open (unlinked) segment this process holds, are
+written back as a sealed segment when the folder is back (an operator's `mkdir`, a
+remount), and then writes are accepted again; at shutdown, the folder is recreated
+for them if it is still gone. The log never recreates its folder while running: on
+a volume that went away, that would put the log on whichever disk holds the mount
+point, hidden once the volume returns.
+
 Record: little-endian u32 payload length, u32 CRC-32 of everything after it,
 u8 kind, u64 receive time (ns), payload.
 """
@@ -15,6 +27,7 @@ u8 kind, u64 receive time (ns), payload.
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import logging
 import os
@@ -42,6 +55,11 @@ KINDS = {"traces": KIND_TRACES, "logs": KIND_LOGS, "feedback": KIND_FEEDBACK}
 
 ACTIVE = ".active"
 SEALED = ".sealed"
+LOCK = "collector.lock"
+
+
+class LogInUse(Exception):
+    """Another process holds this log's folder."""
 
 
 def instance_id(directory: Path) -> str:
@@ -192,7 +210,10 @@ class WriteAheadLog:
         max_pending_bytes: int = 256 << 20,
         sync: bool = True,
         ack_timeout: float = 8.0,
+        lock: bool = False,
     ):
+        """`lock`: hold `collector.lock` in the folder while open (LogInUse if another
+        process does), and again in a folder that came back after being lost."""
         self.dir = Path(directory)
         self.segment_bytes = segment_bytes
         self.roll_interval = roll_interval
@@ -214,10 +235,19 @@ class WriteAheadLog:
         self._last_id = 0
         self._thread: threading.Thread | None = None
         self.on_sync = None  # callback(seconds, records) for metrics
+        self._lock_wanted = lock
+        self._lockfile = None
+        self._ident = (0, 0)  # (st_dev, st_ino) of the open segment
+        self._watched = 0.0
+        self.lost = ""  # why writes are refused: the folder is gone; "" while it is in place
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def open(self) -> None:
+        if self._lock_wanted:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if not self._take_lock():
+                raise LogInUse(f"another collector is using the write-ahead log at {self.dir}")
         self._last_id = recover(self.dir)
         self._refresh_sealed(force=True)
         try:
@@ -228,13 +258,47 @@ class WriteAheadLog:
         self._thread.start()
 
     def close(self) -> None:
-        """Writes what is pending, seals the active segment."""
+        """Writes what is pending, seals the active segment; a log whose folder is
+        gone writes the records it holds into a recreated one. Never raises: a
+        shutdown must finish whatever happened to the disk."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         if self._thread:
             self._thread.join()
-        self._seal()
+        try:
+            self._seal()
+            if self.lost:
+                self._restore(closing=True)
+        except OSError as e:
+            log.error("wal: could not seal the open segment %s at shutdown (%s); a restart recovers it if it is "
+                      "still there", self._path, e)
+        finally:
+            if self._lockfile is not None:
+                self._lockfile.close()
+                self._lockfile = None
+
+    def _take_lock(self) -> bool:
+        """Holds the folder's lock file (True), or False if another process does.
+        A lock file that is still the one held needs nothing (a second flock of it
+        from here would conflict with our own)."""
+        if self._lockfile is not None:
+            try:
+                held, there = os.fstat(self._lockfile.fileno()), os.stat(self.dir / LOCK)
+                if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                    return True
+            except FileNotFoundError:
+                pass
+        f = open(self.dir / LOCK, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return False
+        if self._lockfile is not None:
+            self._lockfile.close()
+        self._lockfile = f
+        return True
 
     # --- appending ----------------------------------------------------------------------
 
@@ -262,6 +326,8 @@ class WriteAheadLog:
         with self._cond:
             if self._closing:
                 raise Overloaded("collector is shutting down", retry_after=1.0)
+            if self.lost:
+                raise Overloaded(self.lost, retry_after=5.0)
             if self.bytes_on_disk + self._batch.size + size > self.cap_bytes:
                 self._refresh_sealed(force=True)
                 if self.bytes_on_disk + self._batch.size + size > self.cap_bytes:
@@ -281,6 +347,8 @@ class WriteAheadLog:
             self._cond.notify_all()
         if not batch.done.wait(self.ack_timeout):
             raise Overloaded("the disk did not confirm the write in time", retry_after=1.0)
+        if isinstance(batch.error, Overloaded):  # one per waiter: they raise it in their own threads
+            raise Overloaded(batch.error.message, batch.error.retry_after)
         if batch.error is not None:
             raise Overloaded(f"write-ahead log write failed: {batch.error}", retry_after=2.0)
 
@@ -289,11 +357,13 @@ class WriteAheadLog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._batch.records and not self._closing and not self._roll_due():
+                while not self._batch.records and not self._closing and not self._roll_due() and not self._watch_due():
                     self._cond.wait(0.05)
                 batch, self._batch = self._batch, _Batch()
                 closing = self._closing
             try:
+                if self._watch_due():
+                    self._watch()
                 if batch.records:
                     self._write(batch)
                 if self._roll_due():
@@ -310,6 +380,8 @@ class WriteAheadLog:
                 return
 
     def _roll_due(self) -> bool:
+        if self.lost:
+            return False  # nowhere to seal to
         if self._active_records == 0:
             self._roll_requested = False
             return False
@@ -321,9 +393,18 @@ class WriteAheadLog:
 
     def _write(self, batch: _Batch) -> None:
         t0 = time.perf_counter()
+        if self.lost:  # appended just before the folder was found gone
+            batch.error = Overloaded(self.lost, retry_after=5.0)
+            batch.done.set()
+            return
         if self._fd < 0:  # a new segment could not be started before (a full disk): again now
             try:
                 self._new_segment()
+            except FileNotFoundError:
+                self._lose()
+                batch.error = Overloaded(self.lost, retry_after=5.0)
+                batch.done.set()
+                return
             except OSError as e:
                 log.error("wal: cannot start a segment (%s); answering 503 until it can", e)
                 batch.error = e
@@ -349,6 +430,15 @@ class WriteAheadLog:
             batch.error = e
             batch.done.set()
             return
+        if not self._in_place():
+            # Written and synced into a file no path leads to: not durable, so not
+            # acknowledged. Cut, so the held segment keeps only acknowledged records.
+            os.ftruncate(self._fd, start_size)
+            os.lseek(self._fd, start_size, os.SEEK_SET)
+            self._lose()
+            batch.error = Overloaded(self.lost, retry_after=5.0)
+            batch.done.set()
+            return
         self._active_size += batch.size
         self._active_records += batch.count
         if self.on_sync:
@@ -360,22 +450,26 @@ class WriteAheadLog:
         next write tries again."""
         self._last_id = max(self._last_id + 1, time.time_ns())
         path = self.dir / f"{self._last_id:020d}{ACTIVE}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # read back if its folder is lost
         try:
             os.write(fd, MAGIC)
             os.fsync(fd)
             fsync(self.dir)
+            st = os.fstat(fd)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        self._fd, self._path = fd, path
+        self._fd, self._path, self._ident = fd, path, (st.st_dev, st.st_ino)
         self._active_size = len(MAGIC)
         self._active_records = 0
         self._opened_at = time.monotonic()
 
     def _seal(self) -> None:
         if self._fd < 0 or self._path is None:
+            return
+        if not self._in_place():
+            self._lose()  # keep the descriptor: it holds the only copy of what was acknowledged
             return
         os.close(self._fd)
         self._fd = -1
@@ -392,7 +486,116 @@ class WriteAheadLog:
         with self._cond:
             self._roll_requested = False
         self._seal()
+        if self.lost:
+            return
         try:
             self._new_segment()
         except OSError as e:
             log.error("wal: cannot start a new segment (%s); the next write tries again", e)
+
+    # --- a folder that went away --------------------------------------------------------
+
+    def _in_place(self) -> bool:
+        """Whether the open segment is still the file at its path: false once its
+        folder is deleted, moved or unmounted, or the file itself removed."""
+        try:
+            st = os.stat(self._path)  # type: ignore[arg-type]
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ident
+
+    def _watch_due(self) -> bool:
+        return time.monotonic() - self._watched >= 0.5
+
+    def _watch(self) -> None:
+        """Between writes: notices a folder that went away while idle (health turns
+        red without waiting for traffic), and tries to restore a lost one."""
+        self._watched = time.monotonic()
+        if self.lost:
+            try:
+                self._restore()
+            except OSError as e:  # gone again, or full: the held records stay held, tried again soon
+                log.error("wal: %s is back but the held records could not be written into it yet (%s)", self.dir, e)
+        elif (not self._in_place()) if self._fd >= 0 else not self.dir.is_dir():
+            self._lose()
+
+    def _lose(self) -> None:
+        if self.lost:
+            return
+        self.lost = (f"the write-ahead log's folder {self.dir} is gone (deleted, moved or unmounted); writes are "
+                     f"refused until it is back: recreate it, or restart the collector")
+        log.error("wal: %s is gone (deleted, moved or unmounted) while in use: refusing writes (retryable) until it "
+                  "is back. The %d acknowledged records of the open segment are held (this process still has the "
+                  "deleted file open) and written back into it when it returns (mkdir -p %s, or remount), or at "
+                  "shutdown; segments already handed to the flusher and not yet in Parquet went with the folder.",
+                  self.dir, self._active_records, self.dir)
+
+    def _restore(self, closing: bool = False) -> None:
+        """Writes the held records back once the folder is there again, then accepts
+        writes. At shutdown (`closing`) the folder is recreated for them if need be:
+        the last chance to keep them."""
+        if not self.dir.is_dir():
+            if not closing:
+                return
+            if not self._active_records:  # nothing to keep: no folder made where the operator removed one
+                self._release_held()
+                return
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                log.error("wal: cannot recreate %s at shutdown (%s): the %d acknowledged records it held are lost",
+                          self.dir, e.strerror, self._active_records)
+                return
+            log.warning("wal: recreated %s at shutdown for the %d acknowledged records held since it went away",
+                        self.dir, self._active_records)
+        if not closing and self._lock_wanted and not self._take_lock():
+            self.lost = (f"another collector took the write-ahead log's folder {self.dir} while it was gone; "
+                         f"writes are refused: restart this collector with a folder of its own")
+            return
+        saved = self._write_back()
+        self._release_held()
+        self._last_id = max(self._last_id, recover(self.dir))  # a folder restored from a copy: its active files too
+        self.lost = ""
+        log.warning("wal: %s is back; %s; %s", self.dir,
+                    f"the acknowledged records held meanwhile are in {saved.name}" if saved else "nothing was held",
+                    "shutting down" if closing else "accepting writes again")
+        if not closing:
+            self._refresh_sealed(force=True)
+            try:
+                self._new_segment()
+            except OSError as e:
+                log.error("wal: cannot start a segment (%s); the next write tries again", e)
+
+    def _release_held(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._path = -1, None
+        self._active_size = self._active_records = 0
+
+    def _write_back(self) -> Path | None:
+        """The held (unlinked) segment's records copied into a sealed segment of the
+        folder, durably; None if it held none."""
+        if self._fd < 0 or not self._active_records:
+            return None
+        self._last_id = max(self._last_id + 1, time.time_ns())
+        path = self.dir / f"{self._last_id:020d}{ACTIVE}"  # a crash mid-copy: recovery cuts it like any other
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            offset = 0
+            while offset < self._active_size:
+                chunk = os.pread(self._fd, min(8 << 20, self._active_size - offset), offset)
+                if not chunk:
+                    raise OSError(errno.EIO, "the held segment ended early")
+                _write_all(out, [chunk], len(chunk))
+                offset += len(chunk)
+            os.fsync(out)
+        except OSError:
+            os.close(out)
+            path.unlink(missing_ok=True)
+            raise
+        os.close(out)
+        sealed = path.with_suffix(SEALED)
+        path.rename(sealed)
+        fsync(self.dir)
+        self._sealed_bytes += self._active_size
+        return sealed

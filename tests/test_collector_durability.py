@@ -119,3 +119,67 @@ def test_flusher_crash_is_survived(collector_factory):
     assert c.stop() == 0
     spans = read_spans(c.data)
     assert sorted(zip(spans["trace_id"], spans["span_id"])) == sorted(ids + ids2)
+
+
+def _healthz(c) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{c.http_url}/healthz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _until(cond, timeout: float = 20.0) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            pytest.fail("condition never became true")
+        time.sleep(0.05)
+
+
+def test_a_deleted_wal_folder_is_refused_with_retryable_codes_and_red_health_not_acknowledged(collector_factory):
+    """An operator's `rm -rf` of the WAL (or a volume gone) under a running collector:
+    exports are refused (503 / UNAVAILABLE, the clients keep their spans) instead of
+    acknowledged into an unlinked file, health is red, a recreated folder is used
+    again, and SIGTERM with the folder gone again exits 0 with every acknowledged
+    span in Parquet (it used to die with a FileNotFoundError traceback, or hang)."""
+    import shutil
+
+    from hardening.proc import drained
+
+    # segments never roll by age here: what is acknowledged stays in the open segment,
+    # the one only the process holds once its folder is gone
+    c = collector_factory(env={"NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "1h"}).start()
+    acked, refused = [], []
+
+    def send() -> int:
+        req, ids = make_request(5)
+        status = post(c.http_port, "/v1/traces", req.SerializeToString())[0]
+        (acked if status == 200 else refused).extend(ids)
+        return status
+
+    assert send() == 200
+    shutil.rmtree(c.wal)
+    assert send() == 503
+    req, ids = make_request(5)
+    _, err = grpc_export(c.grpc_port, req.SerializeToString())
+    assert err is not None and err.code() == grpc.StatusCode.UNAVAILABLE
+    refused += ids
+    code, health = _healthz(c)
+    assert code == 503 and str(c.wal) in health["problem"]
+    c.wal.mkdir()  # put back: the collector takes it again by itself
+    _until(lambda: _healthz(c)[0] == 200)
+    drained(c, timeout=60)  # what was held is written back and flushed
+    assert send() == 200
+    shutil.rmtree(c.wal)  # and gone again at shutdown
+    _until(lambda: _healthz(c)[0] == 503)
+    assert c.stop(timeout=60) == 0
+    log = c.log_tail(200_000)
+    assert "Traceback" not in log, log
+    stored = set(zip(*[read_spans(c.data)[k] for k in ("trace_id", "span_id")]))
+    assert set(acked) <= stored, f"{len(set(acked) - stored)} acknowledged spans lost"
+    assert not set(refused) & stored

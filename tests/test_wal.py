@@ -322,3 +322,85 @@ def test_a_full_disk_when_starting_a_segment_is_survived(open_wal, tmp_path, mon
     w.close()
     assert [p for _, _, p in records(tmp_path / "wal")] == [b"first" * 20, b"second"]
     assert not list((tmp_path / "wal").glob("*.active"))
+
+
+# --- a folder that goes away under a running log (issue 24) -------------------------------------------
+
+
+def _gone(d: Path, how: str) -> None:
+    if how == "deleted":
+        import shutil
+
+        shutil.rmtree(d)
+    else:
+        d.rename(d.with_name(d.name + ".old"))
+
+
+@pytest.mark.parametrize("how", ["deleted", "moved"])
+def test_a_folder_gone_under_the_log_is_never_acknowledged_into(open_wal, tmp_path, how):
+    """Acknowledging into an unlinked file is acknowledging nothing: refused
+    (retryable), then accepted again once the folder is back, with the records
+    acknowledged before it went written back into it."""
+    d = tmp_path / "wal"
+    w = open_wal()
+    w.append(KIND_TRACES, b"acknowledged before")
+    _gone(d, how)
+    with pytest.raises(errors.Overloaded) as exc:
+        w.append(KIND_TRACES, b"refused")
+    assert errors.wire_status(exc.value).http == 503 and exc.value.retry_after > 0
+    assert "is gone" in str(exc.value) and str(d) in str(exc.value)
+    assert w.lost
+    with pytest.raises(errors.Overloaded):  # and every write after it, until it is back
+        w.append(KIND_TRACES, b"refused too")
+    d.mkdir()  # the operator's mkdir, or the volume remounted
+    wait_for(lambda: not w.lost)
+    w.append(KIND_TRACES, b"after")
+    w.close()
+    assert [p for _, _, p in records(d)] == [b"acknowledged before", b"after"]
+    assert not list(d.glob("*" + wal.ACTIVE))
+
+
+def test_a_folder_deleted_while_idle_is_noticed_and_close_keeps_what_was_acknowledged(open_wal, tmp_path):
+    """No write needed to notice (health turns red on its own), and a shutdown with
+    the folder still gone recreates it for the records only this process holds."""
+    d = tmp_path / "wal"
+    w = open_wal()
+    w.append(KIND_TRACES, b"one")
+    w.append(KIND_LOGS, b"two")
+    _gone(d, "deleted")
+    wait_for(lambda: w.lost)
+    w.close()  # used to raise FileNotFoundError
+    assert [p for _, _, p in records(d)] == [b"one", b"two"]
+    assert not list(d.glob("*" + wal.ACTIVE))
+
+
+def test_a_folder_deleted_with_nothing_held_is_not_recreated_at_close(open_wal, tmp_path):
+    d = tmp_path / "wal"
+    w = open_wal()
+    _gone(d, "deleted")
+    wait_for(lambda: w.lost)
+    w.close()
+    assert not d.exists()
+
+
+def test_a_lost_folder_taken_by_another_collector_stays_refused(tmp_path):
+    import fcntl
+
+    d = tmp_path / "wal"
+    w = WriteAheadLog(d, roll_interval=3600, lock=True)
+    w.open()
+    try:
+        w.append(KIND_TRACES, b"mine")
+        _gone(d, "deleted")
+        wait_for(lambda: w.lost)
+        d.mkdir()
+        with open(d / wal.LOCK, "a+") as other:  # another collector started on the new folder
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            wait_for(lambda: "another collector" in w.lost)
+            with pytest.raises(errors.Overloaded, match="another collector took"):
+                w.append(KIND_TRACES, b"refused")
+        wait_for(lambda: not w.lost)  # released: this log's folder again
+        w.append(KIND_TRACES, b"after")
+    finally:
+        w.close()
+    assert [p for _, _, p in records(d)] == [b"mine", b"after"]
