@@ -253,7 +253,9 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         raise ValueError(f"{VARLEN}: attention dropout {dropout} is not supported; set attention_dropout to 0 "
                          "or load the model with sdpa")
     b, hq, s, d = query.shape
-    kernel = varlen_kernel(query.device)
+    # FlashAttention computes in fp16/bf16 only: fp32 on a GPU stays exact on sdpa
+    fp32_on_gpu = query.is_cuda and query.dtype not in (torch.float16, torch.bfloat16)
+    kernel = per_sequence_attn if fp32_on_gpu else varlen_kernel(query.device)
     if kwargs.get("cu_seq_lens_q") is not None and kwargs.get("max_length_q") is not None:
         source = kwargs["cu_seq_lens_q"]
         host, dev, longest = _bounds(source, query.device, source, kwargs["max_length_q"])
@@ -266,18 +268,13 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
         host, dev, longest = _bounds(pos, query.device)
     if int(host[-1]) != b * s:
         raise ValueError(f"{VARLEN}: the sequence boundaries cover {int(host[-1])} tokens, the batch has {b * s}")
-    dtype = query.dtype
-    if query.is_cuda and kernel is not per_sequence_attn and dtype not in (torch.float16, torch.bfloat16):
-        # FlashAttention computes in half precision only
-        half = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
-        query, key, value = query.to(half), key.to(half), value.to(half)
     q = query.transpose(1, 2).reshape(b * s, hq, d)
     k = key.transpose(1, 2).reshape(b * s, key.shape[1], d)
     v = value.transpose(1, 2).reshape(b * s, value.shape[1], value.shape[-1])
     cu = host if kernel is per_sequence_attn else dev  # the loop reads bounds on the host: no sync per layer
     out = call_varlen(q, k, v, cu, cu, longest, longest, scale=scaling if scaling is not None else d ** -0.5,
                       window=sliding_window, kernel=kernel)
-    return out.reshape(b, s, hq, value.shape[-1]).to(dtype), None
+    return out.reshape(b, s, hq, value.shape[-1]), None
 
 
 def varlen_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
