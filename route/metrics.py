@@ -26,8 +26,9 @@ class Metrics:
                                        "502), timeout (silent past read_timeout), broken (the connection dropped "
                                        "inside a response).", ["kind"], registry=r)
         self.refused = Counter("nightshift_route_refused", "Requests refused before the upstream, by status: 403 "
-                               "(vLLM's admin API), 404 (not an inference path), 405 (wrong method), 400 (a path, "
-                               "headers or a body the proxy cannot pass on safely).", ["status"], registry=r)
+                               "(vLLM's admin API, or a control request for another host or from a browser page), 404 "
+                               "(not an inference path), 405 (wrong method), 400 (a path, headers or a body the proxy "
+                               "cannot pass on safely), 413 (past max_body_bytes).", ["status"], registry=r)
         self.stream_aborts = Counter("nightshift_route_stream_aborts", "Streamed responses cut off before their end, "
                                      "by who went away: upstream (the client's connection is aborted so it sees an "
                                      "error, never a short answer) or client (the upstream request is closed).",

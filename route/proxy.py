@@ -116,13 +116,17 @@ class Proxy:
 
     # --- the request path -------------------------------------------------------------
 
+    def _refuse(self, status: int, etype: str, message: str, headers: dict | None = None) -> web.Response:
+        """A request the upstream never hears of: counted, and answered with why."""
+        self.metrics.refused.labels(str(status)).inc()
+        return error(status, etype, f"nightshift route: {message}", headers)
+
     async def forward(self, request: web.BaseRequest, target: Target) -> web.StreamResponse:
         verdict = judge(request.method, target.path)
         if verdict.status:
-            self.metrics.refused.labels(str(verdict.status)).inc()
             etype = {403: "PermissionDeniedError", 404: "NotFoundError", 405: "MethodNotAllowed"}[verdict.status]
-            return error(verdict.status, etype, f"nightshift route: {verdict.message}",
-                         {"Allow": verdict.allow} if verdict.allow else None)
+            return self._refuse(verdict.status, etype, verdict.message, {"Allow": verdict.allow} if verdict.allow
+                                else None)
         t0 = time.perf_counter()
         self.metrics.inflight.inc()
         try:
@@ -140,16 +144,16 @@ class Proxy:
         try:
             head = self._head(request, target)
         except HeaderError as e:
-            return error(400, "BadRequestError", f"nightshift route: {e}")
+            return self._refuse(400, "BadRequestError", str(e))
         try:
             body = await read_body(request, self.cfg.max_body_bytes)
         except BodyTooLarge:
-            return error(413, "RequestEntityTooLarge", f"the request body is larger than {self.cfg.max_body_bytes} "
-                         "bytes (route.max_body_bytes)")
+            return self._refuse(413, "RequestEntityTooLarge", f"the request body is larger than "
+                                f"{self.cfg.max_body_bytes} bytes (route.max_body_bytes)")
         try:
             parsed = read(body) if request.method == "POST" else None
         except RecursionError:
-            return error(400, "BadRequestError", "nightshift route: the JSON body nests too deeply to be read")
+            return self._refuse(400, "BadRequestError", "the JSON body nests too deeply to be read")
         model = parsed.obj.get("model") if parsed is not None else None
         route = self.table.get(model) if isinstance(model, str) else None
         if route is None:
@@ -157,7 +161,7 @@ class Proxy:
         try:
             span = parsed.model_span()
         except RewriteError as e:
-            return error(400, "BadRequestError", f"nightshift route: {e}")
+            return self._refuse(400, "BadRequestError", str(e))
         kind, key = sticky_key(request.headers, parsed.obj)
         chosen, arm, x = choose(route, key)
         targets = [chosen] + ([route.serving] if chosen == route.candidate else [])

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def test_vllms_admin_api_is_refused_however_it_is_spelt_and_never_reaches_vllm(p
         answer, seen = _call(proxy, upstream, "POST", target, headers, body)
         assert answer.status == 403 and "vLLM's admin API" in _message(answer), answer
         assert seen == []
+    with urllib.request.urlopen(f"{proxy.url}/metrics", timeout=10) as r:
+        assert 'nightshift_route_refused_total{status="403"}' in r.read().decode()
 
 
 def test_only_the_inference_api_passes_under_its_canonical_name(proxy, upstream):
