@@ -184,6 +184,18 @@ def test_the_table_rows_are_not_matched_by_a_flat_guess(table_rows):
 
 # --- (b) a tiny model's allocations on this CPU ------------------------------------------------------------
 
+@pytest.fixture
+def one_thread():
+    """These tiny steps run on one thread: on a shared 2-core machine, intra-op
+    threads spin-wait for each other and cost 10x the CPU time of the work."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class _Allocations:
     """Every tensor storage an op creates while active, counted until it is freed
     (storages that existed before, weights and optimizer state, are known and left
@@ -287,7 +299,7 @@ CPU_TOLERANCE = 0.10
     dict(tokens=1024, rows=4, padded=True),
     dict(tokens=512, bf16=True),
 ], ids=["packed", "full-checkpointing", "selective-2-of-4", "padded-mask", "bf16-autocast"])
-def test_estimate_matches_a_tiny_models_measured_allocations_on_cpu(case):
+def test_estimate_matches_a_tiny_models_measured_allocations_on_cpu(case, one_thread):
     measured, est = _measure_tiny(**case)
     print(f"{case}: measured {measured / 2**20:.2f} MiB, estimated {est / 2**20:.2f} MiB "
           f"({est / measured - 1:+.1%})")
@@ -297,7 +309,7 @@ def test_estimate_matches_a_tiny_models_measured_allocations_on_cpu(case):
 # --- the shape from a config -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_shape_from_config_counts_the_real_models_parameters(arch):
+def test_shape_from_config_counts_the_real_models_parameters(arch, one_thread):
     from peft import LoraConfig, get_peft_model
 
     from nightshift.trainer.tiny import build_model, build_tokenizer
@@ -402,7 +414,8 @@ def test_checkpointing_asked_for_is_honoured():
 
 
 def test_a_model_that_cannot_fit_is_a_clear_error():
-    with pytest.raises(MemoryPlanError, match=r"does not fit in the 13.9 GiB available: its weights and training state take 14.8 GiB"):
+    with pytest.raises(MemoryPlanError,
+                       match=r"does not fit in the 13.9 GiB available: its weights and training state take 14.8 GiB"):
         plan(QWEN_7B_REAL, tokens_per_step=65536, **card(16))
 
 
@@ -552,3 +565,61 @@ def test_gpu_estimate_and_allocator_overhead_on_the_new_path(name, layers_checkp
             f.write(line + "\n")
     assert abs(est / allocated - 1) <= TOLERANCE, line
     assert reserved <= est * ALLOCATOR_OVERHEAD, line
+
+
+def test_head_chunk_matches_the_chunked_head():
+    from nightshift.trainer import logprobs
+    from nightshift.trainer.memory import HEAD_CHUNK_ELEMENTS
+
+    assert HEAD_CHUNK_ELEMENTS == logprobs.LOGIT_CHUNK_ELEMENTS
+
+
+@pytest.mark.parametrize("full_finetune", [False, True], ids=["lora", "full-finetune"])
+def test_estimate_matches_measured_allocations_with_the_chunked_head_on_cpu(full_finetune, one_thread):
+    """The new path's head (trainer/logprobs.py: completion positions only, a chunk
+    of logits at a time) on a 32k vocabulary, where it outweighs the layers, in bf16
+    under autocast as on a GPU: a frozen head (LoRA) takes its gradient in the
+    forward, a trained one (full fine-tuning) recomputes chunks in backward."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from nightshift.trainer.logprobs import completion_logprobs
+
+    shape = ModelShape(hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384, vocab=32768,
+                       max_positions=4096, qkv_bias=True)
+    config = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                         num_key_value_heads=shape.kv_heads, max_position_embeddings=shape.max_positions,
+                         tie_word_embeddings=True, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    if not full_finetune:
+        model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0))
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad()
+    n, k = 2048, 400
+    ids = torch.randint(0, shape.vocab, (1, n), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "position_ids": torch.arange(n)[None], "logit_index": torch.arange(n - k - 1, n - 1),
+             "tok_row": torch.zeros(k, dtype=torch.long), "tok_col": torch.arange(k), "targets": ids[0, n - k:]}
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    before = [*model.parameters(), *model.buffers(), *state]
+    track = _Allocations(before)
+    with track.mode:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = -completion_logprobs(model, batch).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    measured = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in before}.values()) + track.peak
+    est = estimate(shape, micro_batch_tokens=n, full_finetune=full_finetune, dtype_bytes=2, attention="sdpa",
+                   head="chunked", logits_positions=k)
+    print(f"chunked head, {'full fine-tuning' if full_finetune else 'LoRA'}: measured {measured / 2**20:.1f} MiB, "
+          f"estimated {est.total / 2**20:.1f} MiB ({est.total / measured - 1:+.1%})")
+    assert est.head > est.activations  # the head is what this case measures
+    assert abs(est.total / measured - 1) <= CPU_TOLERANCE, (measured, est)

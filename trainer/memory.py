@@ -13,8 +13,9 @@ context (neither is in that figure). `plan` adds the allocator's share
 (`ALLOCATOR_OVERHEAD`) before comparing with the free memory, which already
 excludes the context. No constant in the per-layer terms was fitted: each is a
 count of the tensors autograd keeps, checked against the H200 table in
-../shared/gpu/README.md (tests/test_trainer_memory.py, every row within 15 %) and
-against a tiny model's allocations measured on a CPU.
+../shared/gpu/README.md (tests/test_trainer_memory.py: every row within 4 %, the
+test's bound 15 %) and against a tiny model's allocations measured on a CPU
+(within 5 %, bf16 under autocast included).
 
 Checkpointing is per decoder layer: "full" recomputes every layer in backward,
 "selective" k of them (`checkpoint_flags`: transformers checkpoints a layer whose
@@ -27,7 +28,7 @@ micro-batch is below `EFFICIENT_TOKENS`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 GIB = 2**30
 
@@ -179,11 +180,14 @@ def _backward_workspace(shape: ModelShape, dtype_bytes: int, full_finetune: bool
 
 
 def head_bytes(shape: ModelShape, *, head: str, dtype_bytes: int, tokens: int, positions: int,
-               region: int | None = None) -> float:
+               region: int | None = None, head_trains: bool = False) -> float:
     """Peak bytes of the LM head and its loss, beyond the body's activations.
 
     chunked: trainer/logprobs.py, logits at completion positions only, a chunk of
-      `HEAD_CHUNK_ELEMENTS` at a time, recomputed in backward.
+      `HEAD_CHUNK_ELEMENTS` at a time. A frozen head (LoRA) takes each token's
+      gradient with its log-probability in the forward and keeps that [K, H]; a
+      head that trains (`head_trains`, full fine-tuning) recomputes each chunk in
+      backward.
     kept: the old pg path: logits at `region` positions (rows x the span from the
       first completion to the end), made fp32 by accelerate's autocast wrapper,
       the `positions` completion rows gathered in fp32 and kept for backward.
@@ -194,11 +198,17 @@ def head_bytes(shape: ModelShape, *, head: str, dtype_bytes: int, tokens: int, p
     f32 = 0 if b == 4 else 4  # an fp32 copy, unless the logits already are fp32
     if head == "chunked":
         chunk = min(positions, max(1, HEAD_CHUNK_ELEMENTS // v)) * v
-        # hidden at the completions (kept) and its gradient; then, while one chunk is
-        # recomputed and differentiated, its fp32 logits (kept by logsumexp), their
-        # exp(x - lse), and the two gradients that meet (logsumexp's and gather's),
-        # all fp32: 16 bytes an element in bf16 and fp32 alike (the compute-dtype
-        # logits are freed as soon as they are upcast)
+        if not head_trains:
+            # forward: the gradients gathered so far, and one chunk's logits with the
+            # fp32 copy its softmax is worked in place on (8 bytes an element, bf16 or
+            # fp32 alike: fp32 logits are cloned); backward: the gradients, upcast,
+            # times the incoming one
+            return max(positions * d * b + chunk * 8, positions * d * (2 * b + 8))
+        # the hidden states at the completions (kept) and their gradient; then, while
+        # a chunk is recomputed and differentiated, its fp32 logits (kept by logsumexp),
+        # their exp(x - lse), and the two gradients that meet (logsumexp's and
+        # gather's), all fp32: 16 bytes an element in bf16 and fp32 alike (the
+        # compute-dtype logits are freed as soon as they are upcast)
         return positions * d * (b + 4) + chunk * 16
     if head == "kept":
         region = positions if region is None else region
@@ -212,8 +222,9 @@ def head_bytes(shape: ModelShape, *, head: str, dtype_bytes: int, tokens: int, p
         tile = min(positions, TRL_TILE[0]) * TRL_TILE[1] * b
         return positions * d * (b + 4) + tile
     if head == "full":
-        # logits, their fp32 upcast for the loss, log-softmax kept, and its gradient
-        return tokens * v * (b + f32 + 4 + 4)
+        # the logits in fp32 for the loss (compute-dtype ones freed once upcast, unless
+        # the caller keeps the output), log-softmax kept, and its gradient
+        return tokens * v * 12
     raise MemoryPlanError(f"memory estimate: unknown head {head!r} (one of {', '.join(HEADS)})")
 
 
@@ -288,7 +299,7 @@ def estimate(shape: ModelShape, *, micro_batch_tokens: int, rows: int = 1, width
         backward = max(backward, shared + below + (per_layer if ck[layer] else 0) + work)
         below -= kept[layer]
     head_peak = head_bytes(shape, head=head, dtype_bytes=b, tokens=tokens, positions=positions,
-                           region=logits_region)
+                           region=logits_region, head_trains=full_finetune)
     return Estimate(weights=weights, trainable=trainable, activations=shared + sum(kept), head=head_peak,
                     backward=backward)
 
