@@ -346,6 +346,20 @@ def test_unknown_settings_are_clear_errors():
         plan(shape, tokens_per_step=0)
 
 
+
+def test_grouped_kv_heads_repeated_or_not():
+    """k and v are kept at their own width by a kernel that reads grouped heads, at
+    every query head's width where they are repeated (sdpa with a mask; a
+    varlen_attn without enable_gqa): the difference is exactly that."""
+    from nightshift.trainer.memory import layer_bytes_per_token
+
+    shape = qwen("7b", **QWEN_7B)
+    grouped = layer_bytes_per_token(shape, attention="varlen", repeat_kv=False)
+    repeated = layer_bytes_per_token(shape, attention="varlen", repeat_kv=True)
+    assert repeated - grouped == 2 * 2 * (shape.q_width - shape.kv_width)
+    assert layer_bytes_per_token(shape, attention="sdpa") == grouped
+    assert layer_bytes_per_token(shape, attention="sdpa_mask", width=0) == repeated
+
 # --- (c) the plan --------------------------------------------------------------------------------------------
 
 QWEN_7B_REAL = ModelShape(hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128, intermediate=18944,

@@ -27,6 +27,8 @@ micro-batch is below `EFFICIENT_TOKENS`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass, field
 
@@ -126,6 +128,18 @@ class ModelShape:
         return self.layers * r * per_layer
 
 
+@functools.lru_cache(maxsize=1)
+def varlen_repeats_kv() -> bool:
+    """Whether this torch's varlen_attn needs k and v repeated to every query head
+    (no `enable_gqa` in some releases: trainer/attention.py then repeats them, and
+    the kernel keeps the repeated copies for backward)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return True
+    return "enable_gqa" not in inspect.signature(varlen_attn).parameters
+
+
 def _mixed(dtype_bytes: int) -> bool:
     """Half precision trains under autocast (accelerate), with PEFT keeping the
     adapters in fp32; fp32 trains without either."""
@@ -140,12 +154,14 @@ def layer_bytes_per_token(shape: ModelShape, *, dtype_bytes: int = 2, lora_r: in
 
     width: the padded row length, for the dense-mask term of `sdpa_mask`.
     repeat_kv: whether the kernel gets k and v repeated to every query head
-    (transformers does so for sdpa with a mask; None: implied by `attention`).
+    (transformers does so for sdpa with a mask, trainer/attention.py for a
+    varlen_attn without `enable_gqa`; None: implied by `attention` and this torch).
     """
     b = dtype_bytes
     d, q, kv, i, h = shape.hidden, shape.q_width, shape.kv_width, shape.intermediate, shape.heads
     if repeat_kv is None:
-        repeat_kv = attention == "sdpa_mask"
+        repeat_kv = attention == "sdpa_mask" or (attention == "varlen" and shape.kv_heads < shape.heads
+                                                 and varlen_repeats_kv())
     # Both RMSNorms upcast their input to fp32 and keep it for the backward of x².
     norms = 2 * 4 * d
     if full_finetune:
