@@ -16,9 +16,9 @@ tokenizer and chat template, and manifest.json (parent version, base model,
 algorithm and full config, dataset window, row counts and content hash,
 metrics before and after on a held-out split, code version).
 
-Algorithms (--algorithm; trainer/pg.py and the README say why each exists):
-  sft  (default) TRL SFTTrainer on the best rows (rejection sampling): the only
-       objective that made the agent world's tiny policy better from its own logs
+Algorithms (--algorithm; trainer/algorithms/<name>.py and the README say why each exists):
+  sft  (default) the log-likelihood of the best rows (rejection sampling): the
+       only objective that made the agent world's tiny policy better from its own logs
   awr  advantage-weighted regression: never pushes a call down
   pg   policy gradient as TOPR does it: positives without a ratio, negatives
        with clip(pi/mu, 0, 1) against the policy that made each call
@@ -28,11 +28,16 @@ Algorithms (--algorithm; trainer/pg.py and the README say why each exists):
 Every setting below is also a YAML key of the `train:` section and a
 NIGHTSHIFT_TRAIN_* variable (nested ones: NIGHTSHIFT_TRAIN_PG_KL_COEF).
 
-Runs on a GPU in bf16 with the fastest attention available, on a CPU in fp32.
-Several GPUs: the same command under `accelerate launch -m nightshift.cli train ...`
-or `torchrun --nproc_per_node N -m nightshift.cli train ...`. A run killed
-part-way resumes from its last trainer checkpoint when started again with the
-same settings on the same rows."""
+Runs on a GPU in bf16, on a CPU in fp32. sft, awr and pg pack rows (no padding)
+into optimizer steps of about --tokens-per-step tokens; before step 1 a memory
+plan picks the micro-batch and the activation checkpointing that fit
+--memory-fraction of the GPU's free memory and prints them in one line; an
+out-of-memory error shrinks the plan and redoes the step. max_length defaults to
+the model's own limit. Several GPUs: the same command under `accelerate launch
+-m nightshift.cli train ...` or `torchrun --nproc_per_node N -m nightshift.cli
+train ...` (a step's rows are shared out, so the loss curve is the one process's).
+A run killed part-way resumes from its last trainer checkpoint when started
+again with the same settings on the same rows."""
 
 EPILOG = """YAML section `train:` (and top-level `data:`), e.g.:
 
@@ -44,10 +49,10 @@ EPILOG = """YAML section `train:` (and top-level `data:`), e.g.:
     select: {since: 2025-11-01, agents: "writer|rewriter", models: [], require_reward: true}
     lora: {r: 16, alpha: 32, target_modules: all-linear}
     pg: {clip: ppo, epsilon: 0.2, kl_coef: 0.0, reference: base}
-    max_length: 4096
+    tokens_per_step: 65536          # batch_size: 0 (the default) batches by tokens
+    memory_fraction: 0.9            # of the GPU's free memory
     learning_rate: 1e-4
     epochs: 1
-    batch_size: 8
 
 Environment: NIGHTSHIFT_DATA, NIGHTSHIFT_TRAIN_BASE_MODEL, NIGHTSHIFT_TRAIN_PG_KL_COEF, ...
 TensorBoard: `tensorboard --logdir <output>` (each version keeps its logs).

@@ -47,7 +47,7 @@ def test_sft_top_k_keeps_the_best_of_each_group():
     best = sorted([rows[0].r.completion_ids[0], rows[3].r.completion_ids[0]])
     assert completions == best  # 0.9 from g1, 0.6 from g2
     assert left["beyond the top 1 of their group"] == 2
-    assert all(k["completion_mask"] == [0, 1] for k in kept)  # loss on the completion only
+    assert all(k["completion_start"] == 1 for k in kept)  # loss on the completion only
 
 
 def test_kto_labels_by_threshold_and_shuffles():
@@ -106,3 +106,42 @@ def test_agents_are_selected_by_exact_name_or_a_whole_name_regex():
     assert chosen(["checker"]) == ["checker"]
     assert chosen("writer|check.*") == ["writer", "checker"]
     assert chosen("re:.*writer") == ["writer", "rewriter"]
+
+
+def test_each_module_of_algorithms_is_an_algorithm_found_by_name_with_its_settings_section():
+    """Adding an algorithm is one file: the registry, the settings section and the
+    `--algorithm` choice all come from the modules in trainer/algorithms/."""
+    import dataclasses
+    from pathlib import Path
+
+    from nightshift.trainer import algorithms
+
+    folder = Path(algorithms.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    reg = algorithms.registry()
+    assert set(reg) == modules == {"sft", "awr", "pg", "kto", "dpo"}
+    assert list(reg) == ["pg", "awr", "sft", "kto", "dpo"]  # --algorithm's order, as before
+    sections = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for name, algo in reg.items():
+        assert algo.name == name and isinstance(getattr(TrainConfig(), name), algo.settings)
+        assert sections[name].metadata["help"] == f"the {name} objective"
+    assert [a for a in reg if reg[a].needs_advantage] == ["pg", "awr"]
+    assert [a for a in reg if not reg[a].shared_loop] == ["kto", "dpo"]
+    with pytest.raises(ValueError, match="no algorithm 'grpo': one of pg, awr, sft, kto, dpo"):
+        algorithms.get("grpo")
+
+
+def test_reading_the_train_settings_loads_neither_torch_nor_polars():
+    """Every stage's CLI and the collector read TrainConfig; the algorithms' modules
+    it is built from import their heavy parts inside functions."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nightshift.trainer.config as c; c.TrainConfig(); "
+            "print(sorted(m for m in ('torch', 'polars', 'transformers', 'trl') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_kto_by_tokens_picks_its_own_rows_per_step():
+    cfg(algorithm="kto", batch_size=0, base_model="tiny").check()  # 0: by tokens, at least 2 rows a batch

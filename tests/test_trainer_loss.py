@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from nightshift.trainer.algorithms.pg import pg_loss
-from nightshift.trainer.loop import collate, completion_logprobs
+from nightshift.trainer.logprobs import completion_logprobs
+from nightshift.trainer.loop import collate
 
 
 def _grad(clip: str, logp0: list[float], old: list[float], adv: list[float], tok_seq: list[int], **kw):

@@ -49,7 +49,8 @@ def _pairs(n: int, good_reward: float = 1.0, bad_reward: float = 0.0, tools: boo
 
 def _logp(model, tok, prompt: str, answer: str) -> float:
     """log p(answer | prompt) under `model`, through the trainer's own renderer."""
-    from nightshift.trainer.loop import collate, completion_logprobs
+    from nightshift.trainer.logprobs import completion_logprobs
+    from nightshift.trainer.loop import collate
     from nightshift.trainer.render import render
 
     r = render(tok, row(prompt, answer, 1.0))
@@ -69,10 +70,13 @@ def _load(tiny_model: Path, version: str | None):
 
 
 @pytest.mark.parametrize("algorithm,packing", [("pg", "auto"), ("kto", "auto"), ("dpo", "auto"), ("sft", "auto"),
-                                               ("sft", "on")])
+                                               ("sft", "off"), ("awr", "auto")])
 def test_each_algorithm_trains_and_writes_a_version_vllm_can_load(tmp_path, tiny_model, algorithm, packing):
     write(tmp_path / "data", _pairs(12, tools=True) + _pairs(12))
-    res = train(_cfg(tmp_path, tiny_model, algorithm=algorithm, packing=packing), progress=False)
+    # padded sft also checkpoints every layer: the plan's flags reach a PEFT model's layers
+    checkpointing = "on" if packing == "off" else "auto"
+    res = train(_cfg(tmp_path, tiny_model, algorithm=algorithm, packing=packing,
+                     gradient_checkpointing=checkpointing), progress=False)
     assert res.version == "v0001" and res.steps == 4 and res.tokens > 0
     vdir = Path(res.path)
     assert vdir == tmp_path / "ckpt" / "v0001"
@@ -82,6 +86,10 @@ def test_each_algorithm_trains_and_writes_a_version_vllm_can_load(tmp_path, tiny
     assert man["config"]["algorithm"] == algorithm and man["config"]["lora"]["r"] == 16
     assert man["dataset"]["rows_scanned"] == 48 and len(man["dataset"]["content_hash"]) == 64
     assert man["metrics"]["train"]["steps"] == 4 and man["code_version"]["trl"]
+    plan = man["metrics"]["train"]["memory_plan"]  # the plan printed before step 1, kept
+    assert plan["line"].startswith("memory plan: micro-batch ") and plan["max_length"] == 2048
+    assert plan["checkpointing"] == ("full" if checkpointing == "on" else "off")
+    assert man["metrics"]["train"]["packed"] == (packing != "off")
     assert set(man["metrics"]["eval"]["before"]) >= {"nll", "adv_weighted_logp", "kl_to_reference"}
     assert man["metrics"]["eval"]["after"]["kl_to_reference"] > 0  # it moved away from the base
     for name, digest in man["files"].items():
@@ -95,6 +103,22 @@ def test_each_algorithm_trains_and_writes_a_version_vllm_can_load(tmp_path, tiny
     model, tok = _load(tiny_model, str(vdir))
     base, _ = _load(tiny_model, None)
     assert _logp(model, tok, "What is 1 + 1?", GOOD) != pytest.approx(_logp(base, tok, "What is 1 + 1?", GOOD), abs=1e-6)
+
+
+def test_steps_are_made_by_tokens_when_batch_size_is_0(tmp_path, tiny_model, capsys):
+    """The default: each optimizer step about tokens_per_step tokens, however many rows
+    that is; the plan says so before step 1."""
+    write(tmp_path / "data", _pairs(24))
+    res = train(_cfg(tmp_path, tiny_model, algorithm="sft", batch_size=0, tokens_per_step=300, max_steps=3,
+                     eval_fraction=0.0), progress=False)
+    err = capsys.readouterr().err
+    plan = [ln for ln in err.splitlines() if ln.startswith(("memory plan:", "run plan:"))]
+    assert len(plan) == 2 and "300 tokens per step" in plan[1], err[-2000:]
+    first_step = err.index("step 1/3")
+    assert all(err.index(ln) < first_step for ln in plan)  # printed before step 1
+    assert res.steps == 3 and 150 <= res.tokens / 3 <= 450, res.tokens
+    man = ckpt.read_manifest(res.path)["metrics"]["train"]
+    assert (man["tokens_per_step"], man["rows_per_step"]) == (300, None)
 
 
 @pytest.mark.parametrize("flip,packing", [(False, "off"), (True, "off"), (False, "on")])
@@ -266,13 +290,29 @@ def test_non_finite_rewards_are_left_out_and_counted(tmp_path, tiny_model):
         train(_cfg(tmp_path, tiny_model), progress=False)
 
 
-def test_overlong_rows_are_left_out_not_truncated(tmp_path, tiny_model):
-    rows = _pairs(4) + [row("word " * 400, GOOD, 1.0, advantage=0.5)]
+def test_overlong_rows_are_left_out_not_truncated_and_counted_per_agent(tmp_path, tiny_model):
+    rows = _pairs(4) + [row("word " * 400, GOOD, 1.0, advantage=0.5, agent="writer"),
+                        row("word " * 500, BAD, 0.0, advantage=-0.5, agent="writer"),
+                        row("word " * 450, GOOD, 1.0, advantage=0.5, agent="critic")]
     write(tmp_path / "data", rows)
     res = train(_cfg(tmp_path, tiny_model, max_length=256, eval_fraction=0.0), progress=False)
-    assert res.excluded == {"longer than max_length (256 tokens)": 1}
-    with pytest.raises(TrainDataError, match="9 longer than max_length \\(8 tokens\\)"):
+    assert res.excluded == {"longer than max_length (256 tokens)": 3}
+    assert "  left out: 3 longer than max_length (256 tokens): writer 2, critic 1" in res.lines()
+    assert ckpt.read_manifest(res.path)["dataset"]["too_long_by_agent"] == {"writer": 2, "critic": 1}
+    with pytest.raises(TrainDataError, match="11 longer than max_length \\(8 tokens\\)"):
         train(_cfg(tmp_path, tiny_model, max_length=8), progress=False)
+
+
+def test_max_length_is_the_models_own_limit_unless_set(tmp_path, tiny_model):
+    """0 (the default): the model's max_position_embeddings (the tiny model's 2,048), not
+    a fixed 2048 that drops every agent call of 4-16k tokens on a 32k model."""
+    long = "word " * 2100  # over 2,048 tokens
+    write(tmp_path / "data", _pairs(3) + [row(long, GOOD, 1.0, advantage=0.5, agent="writer")])
+    res = train(_cfg(tmp_path, tiny_model, eval_fraction=0.0), progress=False)
+    assert TrainConfig().max_length == 0
+    assert res.excluded == {"longer than max_length (2,048 tokens)": 1} and res.too_long == {"writer": 1}
+    man = ckpt.read_manifest(res.path)
+    assert man["metrics"]["train"]["memory_plan"]["max_length"] == 2048
 
 
 def test_tokenizer_without_a_chat_template(tmp_path, tiny_model):
@@ -391,8 +431,14 @@ def test_mu_is_recomputed_with_the_weights_of_the_version_that_made_each_call(tm
     text = "\n".join(res.lines())
     assert (res.logged["mu_recomputed"], res.logged["mu_unknown"]) == (8 + 4 + 6, 2), text
     assert "μ producers: base 12, v0001 6" in text
+    # its cost apart: rows and tokens through a forward, and the time (the benchmark prints it)
+    assert re.search(r"μ: 18 rows recomputed \([0-9,]+ tokens\) in [0-9.]+ s", text), text
+    mu = ckpt.read_manifest(res.path)["metrics"]["train"]["mu"]
+    assert mu["rows"] == 18 and mu["tokens"] > 18 and mu["seconds"] > 0 and mu["unknown"] == 2
     # and the numbers are v0001's own: recomputed here against a direct forward pass of it
-    cfg = _cfg(tmp_path, tiny_model, eval_fraction=0.0, served_model_name="tiny")
+    # fp32 and the same device as the recomputation: on a GPU too, the two differ only by the
+    # order of fp32 sums (~1e-6), not by bf16 against a CPU's fp32 (~1e-2)
+    cfg = _cfg(tmp_path, tiny_model, eval_fraction=0.0, served_model_name="tiny", precision="fp32")
     _, tok = _load(tiny_model, None)
     from nightshift.trainer.render import render
 
@@ -400,10 +446,13 @@ def test_mu_is_recomputed_with_the_weights_of_the_version_that_made_each_call(tm
     rd = render(tok, r)
     feat = {"input_ids": rd.prompt_ids + rd.completion_ids, "completion_start": len(rd.prompt_ids), "advantage": 1.0,
             "weight": 1.0, "old_logprobs": None, "policy_version": "v0001", "temperature": 0.5, "model": "tiny"}
-    behaviour.attach(cfg, work_out(cfg), [feat], tok)
+    plan = work_out(cfg)
+    mu = behaviour.attach(cfg, plan, [feat], tok)
+    assert (mu.rows, mu.tokens) == (1, len(feat["input_ids"])) and mu.seconds > 0
     model, _ = _load(tiny_model, first.path)
+    model.to(plan.device)
     with torch.no_grad():
-        logits = model(torch.tensor([feat["input_ids"]])).logits[0].float()
+        logits = model(torch.tensor([feat["input_ids"]], device=plan.device)).logits[0].float().cpu()
     want = [torch.log_softmax(logits[p - 1] / 0.5, -1)[feat["input_ids"][p]].item()
             for p in range(feat["completion_start"], len(feat["input_ids"]))]
     assert feat["old_logprobs"] == pytest.approx(want, abs=1e-4)
@@ -412,14 +461,22 @@ def test_mu_is_recomputed_with_the_weights_of_the_version_that_made_each_call(tm
 def test_each_logging_step_prints_one_line_computed_from_the_steps_that_ran(tmp_path, tiny_model, capsys):
     write(tmp_path / "data", _pairs(12))
     res = train(_cfg(tmp_path, tiny_model, max_steps=3, logging_steps=1, tensorboard=True), progress=False)
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("step ")]
+    capsys_err = capsys.readouterr().err
+    lines = [ln for ln in capsys_err.splitlines() if ln.startswith("step ")]
     assert [ln.split(" | ")[0] for ln in lines] == ["step 1/3", "step 2/3", "step 3/3"]
     fields = [dict(p.split(" ", 1) if not p.endswith("tok/s") else ("tok/s", p.split()[0]) for p in ln.split(" | ")[1:])
               for ln in lines]
     # the trainer's own mean loss is the mean of the losses the lines show
     assert sum(float(f["loss"]) for f in fields) / 3 == pytest.approx(res.train_loss, abs=1e-3)
     assert all(float(f["tok/s"].replace(",", "")) > 0 for f in fields) and fields[-1]["ETA"] == "0s"
-    assert "MFU" not in lines[0]  # a CPU has no peak to measure against
+    # MFU where the device has a datasheet peak (a GPU of the table), said how once; a CPU has none
+    from nightshift.trainer.plan import work_out
+    from nightshift.trainer.steplog import peak_flops
+
+    device = work_out(_cfg(tmp_path, tiny_model)).device_name
+    measured = peak_flops(device) is not None
+    assert all(("MFU" in ln) == measured for ln in lines), (device, lines)
+    assert ("TFLOP/s (dense bf16 datasheet peak)" in capsys_err) == measured
     # tokens/s reached TensorBoard beside the loss
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -16,6 +16,7 @@ their negatives by `pg.unknown_mu_negatives`.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +27,28 @@ from .plan import RunPlan
 BASE = "base"
 
 
+#: Fully logged rows recomputed anyway, to compare the logged numbers with the
+#: weights' (a different engine, precision or temperature shows up there): a
+#: sample is enough to see a drift, and the rest costs nothing.
+DRIFT_SAMPLE = 32
+
+
 @dataclass
 class MuReport:
     counts: Counter = field(default_factory=Counter)  # logged | recomputed | unknown, per row
     drift: float | None = None  # mean |logged - recomputed| per token, where both exist
     drift_tokens: int = 0
-    versions: Counter = field(default_factory=Counter)  # which producer, per row
+    versions: Counter = field(default_factory=Counter)  # which producer, per recomputed row
+    rows: int = 0  # rows through a forward pass (the recomputed and the drift sample)
+    tokens: int = 0  # their tokens
+    seconds: float = 0.0  # the whole recomputation: loading the producers and their forwards
+
+    def line(self) -> str:
+        return f"μ: {self.rows:,} rows recomputed ({self.tokens:,} tokens) in {self.seconds:.1f} s"
+
+    def summary(self) -> dict:
+        return {"rows": self.rows, "tokens": self.tokens, "seconds": round(self.seconds, 3),
+                **{k: n for k, n in self.counts.items()}}
 
 
 def producer(cfg: TrainConfig, feature: dict) -> str | None:
@@ -47,33 +64,43 @@ def producer(cfg: TrainConfig, feature: dict) -> str | None:
 
 def attach(cfg: TrainConfig, plan: RunPlan, features: list[dict], tok) -> MuReport:
     """Fill each feature's `old_logprobs` (NaN entries) with μ recomputed from its
-    producer; fully logged rows are kept and cross-checked."""
+    producer, in batches of the memory plan's tokens; fully logged rows are kept,
+    and up to `DRIFT_SAMPLE` of them recomputed to cross-check the logged numbers."""
     import torch
 
-    from .loop import collate, completion_logprobs
+    from .logprobs import completion_logprobs
+    from .loop import collate, to_device, token_batches, uses_boundaries
     from .model import load_version
 
     report = MuReport()
     work: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    sampled = 0
     for f in features:
         old = f.get("old_logprobs")
         logged = old is not None and not all(math.isnan(x) for x in old)  # a template tail may be unlogged
+        complete = logged and not any(math.isnan(x) for x in old)
         src = producer(cfg, f) if cfg.pg.mu == "auto" else None
         report.counts["logged" if logged else "recomputed" if src else "unknown"] += 1
         if src:
             report.versions[Path(src).name if src != BASE else BASE] += 1
+        if src and (not complete or sampled < DRIFT_SAMPLE):
+            sampled += complete
             t = f.get("temperature")
             work[(src, 1.0 if t is None else float(t))].append(f)
     abs_sum, n_tok = 0.0, 0
+    t0 = time.perf_counter()
     for src in sorted({s for s, _ in work}):
         model = load_version(cfg, None if src == BASE else src, plan).to(plan.device).eval()
         with torch.no_grad():
             for (s, temp), fs in work.items():
                 if s != src:
                     continue
-                for i in range(0, len(fs), cfg.eval_batch_size):
-                    chunk = fs[i : i + cfg.eval_batch_size]
-                    batch = {k: v.to(plan.device) for k, v in collate(chunk, tok.pad_token_id, plan.packed).items()}
+                for chunk in token_batches(fs, plan.micro_batch_tokens, plan.packed):
+                    batch = to_device(collate(chunk, tok.pad_token_id, plan.packed, uses_boundaries(plan)),
+                                      plan.device)
+                    report.rows += len(chunk)
+                    report.tokens += int(batch["input_ids"].numel() if plan.packed else
+                                         batch["attention_mask"].sum().item())
                     if temp <= 0:  # greedy: μ is a point mass on what was chosen
                         values = [0.0] * batch["targets"].numel()
                     else:
@@ -91,6 +118,9 @@ def attach(cfg: TrainConfig, plan: RunPlan, features: list[dict], tok) -> MuRepo
                                 n_tok += 1
                         f["old_logprobs"] = [m if math.isnan(o) else o for o, m in zip(old, mine)]
         del model
+        if plan.device.type == "cuda":
+            torch.cuda.empty_cache()
+    report.seconds = time.perf_counter() - t0
     if n_tok:
         report.drift, report.drift_tokens = abs_sum / n_tok, n_tok
     return report

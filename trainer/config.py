@@ -72,8 +72,10 @@ class TrainSettings:
     algorithm: str = setting("sft", help="sft (the learning benchmark's best and safest on logged calls), awr, pg, "
                                          "kto or dpo", choices=ALGORITHMS)
     full_finetune: bool = setting(False, help="train every weight instead of LoRA", flag="--full")
-    max_length: int = setting(2048, help="prompt plus completion tokens; longer rows are left out and counted, never "
-                                         "truncated (a truncated prompt is another state)", bounds="[1, inf)")
+    max_length: int = setting(0, help="prompt plus completion tokens; 0: the model's own limit "
+                                      "(max_position_embeddings), lowered by the memory plan if one row that long "
+                                      "would not fit; longer rows are left out and counted per agent, never truncated "
+                                      "(a truncated prompt is another state)", bounds="[0, inf)")
     chat_template: str = setting("", help="a Jinja chat template for tokenizers without one (or to replace its own)",
                                  metavar="FILE")
     tools_fallback: str = setting("", help="a JSON file with the agent's tool definitions (OpenAI's list), rendered "
@@ -81,22 +83,37 @@ class TrainSettings:
     learning_rate: float = setting(1e-4, help="peak learning rate", bounds="(0, inf)")
     epochs: float = setting(1.0, help="passes over the rows", bounds="[0, inf)")
     max_steps: int = setting(0, help="optimizer steps (> 0 overrides epochs)", bounds="[0, inf)")
-    batch_size: int = setting(8, help="rows per device per step", bounds="[1, inf)")
-    grad_accum: int = setting(1, help="gradient accumulation steps", bounds="[1, inf)")
+    batch_size: int = setting(0, help="rows per optimizer step, over every process; 0: by tokens (tokens_per_step), "
+                                      "so no row count has to be picked to fit memory", bounds="[0, inf)")
+    tokens_per_step: int = setting(65536, help="tokens per optimizer step, over every process, when batch_size is 0: "
+                                               "about ten agent calls of ~6k tokens (the memory plan splits them into "
+                                               "micro-batches and accumulates)", bounds="[1, inf)")
+    grad_accum: int = setting(1, help="with batch_size > 0, rows per step are batch_size x grad_accum (kept for older "
+                                      "settings files; how a step is split into micro-batches is the memory plan's)",
+                              bounds="[1, inf)")
+    memory_fraction: float = setting(0.9, help="share of the GPU's free memory the memory plan may use",
+                                     bounds="(0, 1]")
     warmup: float = setting(0.0, help="warm-up steps, or a fraction of them when below 1", bounds="[0, inf)")
     weight_decay: float = setting(0.0, help="AdamW's weight decay", bounds="[0, inf)")
     max_grad_norm: float = setting(1.0, help="gradient clipping", bounds="(0, inf)")
     eval_fraction: float = setting(0.1, help="trajectories held out (by a hash of their id) for evaluation",
                                    bounds="[0, 1)")
-    eval_batch_size: int = setting(8, help="rows per evaluation batch", bounds="[1, inf)")
+    eval_batch_size: int = setting(8, help="rows per batch when the gate scores a version (the trainer's own "
+                                           "evaluation and mu batch by the memory plan's tokens)", bounds="[1, inf)")
     seed: int = setting(0, help="random seed")
     precision: str = setting("auto", help="auto = bf16 on a GPU that has it, else fp32", choices=PRECISIONS)
-    attention: str = setting("auto", help="auto = flash_attention_2 when installed on a GPU, else sdpa")
+    attention: str = setting("auto", help="auto = flash_attention_2 where the flash-attn package is installed, else "
+                                          "torch's own varlen kernel on a GPU (nightshift_varlen), else sdpa with "
+                                          "packed masks; or a transformers attn_implementation name")
     compile: bool = setting(False, help="torch.compile the model")
     packing: str = setting("auto", help="padding-free batches (sequences concatenated, positions restart): auto = on "
-                                        "with flash-attention, off otherwise (padded batches grouped by length are "
-                                        "faster with sdpa)", choices=("auto", "on", "off"))
-    gradient_checkpointing: bool = setting(False, help="recompute activations in the backward pass (big models)")
+                                        "wherever a correct packed attention exists (always for sft, awr and pg; kto "
+                                        "and dpo are TRL's and pad); off: padded micro-batches of like lengths",
+                           choices=("auto", "on", "off"))
+    gradient_checkpointing: str = setting("auto", help="recompute activations in the backward pass: auto (the memory "
+                                                       "plan checkpoints as few decoder layers as fit), on (every "
+                                                       "layer), selective (some, the plan says how many) or off",
+                                          choices=("auto", "on", "off", "selective"))
     save_steps: int = setting(200, help="trainer checkpoints a killed run resumes from, every this many steps",
                               bounds="[1, inf)")
     logging_steps: int = setting(10, help="a step line (and TensorBoard point) every this many steps",

@@ -2,7 +2,8 @@
 trajectory): how likely it finds the logged completions (NLL per token), whether
 it moved toward the better ones (advantage-weighted log-likelihood: up is
 better), and how far it drifted from the reference (exact KL per token, from
-the full next-token distributions). The eval gate compares checkpoints with it.
+the full next-token distributions, a chunk of tokens at a time: no one's
+vocabulary-wide logits are kept). The eval gate compares checkpoints with it.
 """
 
 from __future__ import annotations
@@ -11,24 +12,17 @@ from typing import Callable
 
 import torch
 
-from .loop import LOGPROB_CHUNK, collate, completion_logprobs
-
-
-def _kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
-    """Σ_tokens KL(π‖ref) over next-token distributions, chunked over tokens."""
-    total = logits.new_zeros((), dtype=torch.float32)
-    for i in range(0, logits.shape[0], LOGPROB_CHUNK):
-        p = torch.log_softmax(logits[i : i + LOGPROB_CHUNK].float(), -1)
-        q = torch.log_softmax(ref_logits[i : i + LOGPROB_CHUNK].float(), -1)
-        total += (p.exp() * (p - q)).sum()
-    return total
+from .logprobs import completion_logprobs, completion_logprobs_and_kl
+from .loop import collate, to_device, token_batches
 
 
 @torch.no_grad()
-def evaluate(model, features: list[dict], pad_id: int, batch_size: int = 8, packed: bool = True,
-             ref: Callable | None = None) -> dict[str, float]:
+def evaluate(model, features: list[dict], pad_id: int, micro_batch_tokens: int, packed: bool = True,
+             ref: Callable | None = None, boundaries: bool = False) -> dict[str, float]:
     """Metrics of `model` on pg-shaped `features` (see `examples.pg_features`; rows
-    without an advantage carry None and are left out of that metric only)."""
+    without an advantage carry None and are left out of that metric only), in
+    batches of at most `micro_batch_tokens`. `ref`: the reference's states of a
+    batch (`model.Reference.states`), for the KL."""
     if not features:
         return {}
     was_training = model.training
@@ -38,10 +32,13 @@ def evaluate(model, features: list[dict], pad_id: int, batch_size: int = 8, pack
     nll = kl = 0.0
     adv_num = adv_den = 0.0
     try:
-        for i in range(0, len(features), batch_size):
-            chunk = features[i : i + batch_size]
-            batch = {k: v.to(device) for k, v in collate(chunk, pad_id, packed).items()}
-            logp, logits = completion_logprobs(model, batch, with_logits=True)
+        for chunk in token_batches(features, micro_batch_tokens, packed):
+            batch = to_device(collate(chunk, pad_id, packed, boundaries), device)
+            if ref is not None:
+                logp, kls = completion_logprobs_and_kl(model, batch, ref)
+                kl += kls.sum().item()
+            else:
+                logp = completion_logprobs(model, batch)
             seq = batch["tok_seq"]
             n = torch.zeros(len(chunk), device=device).index_add(0, seq, torch.ones_like(logp))
             mean_logp = torch.zeros(len(chunk), device=device).index_add(0, seq, logp) / n.clamp(min=1)
@@ -52,9 +49,6 @@ def evaluate(model, features: list[dict], pad_id: int, batch_size: int = 8, pack
             nll -= logp.sum().item()
             tokens += logp.numel()
             rows += len(chunk)
-            if ref is not None:
-                _, ref_logits = ref(batch)
-                kl += _kl(logits, ref_logits).item()
     finally:
         model.train(was_training)
     out = {"rows": rows, "tokens": tokens, "nll": nll / max(tokens, 1)}

@@ -30,6 +30,7 @@ class Prepared:
     logged: Counter = field(default_factory=Counter)  # none | match | drift, and with_logprobs
     first_error: str = ""
     split_note: str = ""
+    too_long: Counter = field(default_factory=Counter)  # rows longer than max_length, by agent
 
 
 def load_fallback_tools(cfg: TrainConfig) -> list[dict] | None:
@@ -44,9 +45,13 @@ def load_fallback_tools(cfg: TrainConfig) -> list[dict] | None:
     return tools
 
 
-def prepare(cfg: TrainConfig, tokenizer, selection: Selection) -> Prepared:
-    """Render every selected row and split by trajectory."""
+def prepare(cfg: TrainConfig, tokenizer, selection: Selection, max_length: int | None = None) -> Prepared:
+    """Render every selected row and split by trajectory. `max_length`: the run's
+    (the run plan's; default `train.max_length`, where 0 is no limit); longer rows
+    are left out and counted, by agent too."""
+    limit = cfg.max_length if max_length is None else max_length
     excluded: Counter = Counter()
+    too_long: Counter = Counter()
     logged: Counter = Counter()
     first_error = ""
     fallback = load_fallback_tools(cfg)
@@ -63,8 +68,9 @@ def prepare(cfg: TrainConfig, tokenizer, selection: Selection) -> Prepared:
         if not r.completion_ids:
             excluded["empty completion once rendered"] += 1
             continue
-        if len(r) > cfg.max_length:
-            excluded[f"longer than max_length ({cfg.max_length} tokens)"] += 1
+        if limit and len(r) > limit:
+            excluded[too_long_reason(limit)] += 1
+            too_long[row.get("agent_name") or "(no agent name)"] += 1
             continue
         if r.prefix_mismatch:
             logged["prompt renders differently alone (template)"] += 1
@@ -78,7 +84,11 @@ def prepare(cfg: TrainConfig, tokenizer, selection: Selection) -> Prepared:
         note = "too few trajectories to hold any out: nothing evaluated on a held-out split"
     elif not held and cfg.eval_fraction > 0:
         note = "no trajectory fell in the held-out split: nothing evaluated"
-    return Prepared(train, held, excluded, logged, first_error, note)
+    return Prepared(train, held, excluded, logged, first_error, note, too_long)
+
+
+def too_long_reason(max_length: int) -> str:
+    return f"longer than max_length ({max_length:,} tokens)"
 
 
 def pg_features(examples: list[Example], normalize: bool = False, offset: float = 0.0) -> list[dict]:

@@ -1,69 +1,72 @@
-"""The training loop the algorithms share (all but kto and dpo, which are TRL's):
-transformers' `Trainer` (its optimizer, schedule, logging, checkpoints and
-resumption, DDP under `accelerate launch` or `torchrun`) with one loss hook,
-an algorithm's `objective(logp, batch) -> (loss, stats)` on the log-probs of
-the completion tokens only, fed batches of token features (`collate`).
+"""The training loop sft, awr and pg share: transformers' `Trainer` (its
+optimizer, schedule, logging, checkpoints and resumption, DDP under `accelerate
+launch` or `torchrun`) fed one optimizer step at a time.
+
+A step is a set of rows of about `tokens_per_step` tokens (or `batch_size`
+rows), cut into micro-batches of at most the memory plan's tokens, binned by
+length and packed (trainer/batching.py); under several processes each rank
+gets its share of the step's micro-batches. The dataloader yields steps, so the
+Trainer's own accumulation is 1 and `training_step` runs the micro-batches
+itself: forward and backward each (gradients synchronized across ranks on the
+last only), the algorithm's loss summed over its rows or completion tokens
+and divided by the whole step's count over every rank. Accumulation and
+several GPUs then change nothing but the memory: the gradient is the one of
+the step taken at once. An out-of-memory error splits the micro-batch that
+hit it in two, shrinks the memory plan for the rest of the run and redoes the
+step, instead of failing the night.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import math
+import random
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+from torch.utils.data import DataLoader
 from transformers import Trainer
+
+from .logprobs import completion_logprobs
 
 if TYPE_CHECKING:
     from .config import TrainConfig
+    from .memory import MemoryPlan
     from .plan import RunPlan
 
-#: objective(log π of the completion tokens [K], the batch) -> (loss, figures for the step line)
-Objective = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
-
-#: Completion tokens whose log-softmax is computed at once: bounds the float32
-#: copy of the logits (tokens x vocabulary) a large vocabulary would need.
-LOGPROB_CHUNK = 1024
+log = logging.getLogger("nightshift.trainer")
 
 
-def completion_logprobs(model, batch: dict[str, torch.Tensor], *, with_logits: bool = False,
-                        temperature: float = 1.0):
-    """log π of every completion token in the batch, [K], computing the LM head only
-    at the positions that predict them (prompts in agent traces are long; their
-    logits are never needed). `temperature`: the distribution a server sampled
-    from, log softmax(logits / T) (μ of a call made at T). With `with_logits`,
-    also the raw logits [K, V]."""
-    out = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch.get("attention_mask"),
-        position_ids=batch.get("position_ids"),
-        logits_to_keep=batch["logit_index"],
-        use_cache=False,
-    )
-    logits = out.logits[batch["tok_row"], batch["tok_col"]]  # [K, V]
-    targets = batch["targets"]
-    parts = []
-    for i in range(0, logits.shape[0], LOGPROB_CHUNK):
-        chunk = logits[i : i + LOGPROB_CHUNK].float()
-        if temperature != 1.0:
-            chunk = chunk / temperature
-        tgt = targets[i : i + LOGPROB_CHUNK]
-        parts.append(chunk.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
-    logp = torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
-    return (logp, logits) if with_logits else logp
+@dataclass(frozen=True)
+class Objective:
+    """An algorithm's loss on the shared loop. `loss(logp, batch)`: log π of the
+    batch's completion tokens [K] and the batch -> (the loss summed over the
+    batch's rows or tokens, figures for the step line). `per`: "row" or
+    "token", what the step's loss is a mean over (the sum is divided by the
+    whole step's count of them, over every micro-batch and rank)."""
+
+    loss: Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+    per: str
 
 
-def collate(features: list[dict[str, Any]], pad_id: int, packed: bool = True) -> dict[str, torch.Tensor]:
+def collate(features: list[dict[str, Any]], pad_id: int, packed: bool = True,
+            boundaries: bool = False) -> dict[str, torch.Tensor]:
     """A batch of rendered transitions.
 
     packed: one row, sequences concatenated, `position_ids` restarting at 0 for each
-    (transformers then keeps attention inside each sequence: flash-attention's
-    varlen path on GPU, a block-diagonal mask with sdpa/eager); no padding at all.
+    (the attention keeps inside each sequence: a varlen kernel, or a block-diagonal
+    mask transformers derives from the positions); no padding at all. With
+    `boundaries`, also the sequences' cu_seqlens for a varlen kernel, worked out
+    here on the host (trainer/attention.py: `packed_kwargs`).
     Otherwise: right-padded rows with an attention mask.
     Tokens are flattened to K completion tokens: `targets`, their sequence
     `tok_seq`, where their logits are (`logit_index` into the sequence dimension,
-    then `tok_row`/`tok_col` into the kept logits), and per-token `old_logprobs`
+    then `tok_row`/`tok_col` into the kept positions), and per-token `old_logprobs`
     (NaN where not logged) and `ref_logprobs` (when the features carry them).
     """
     seqs = [f["input_ids"] for f in features]
@@ -93,6 +96,10 @@ def collate(features: list[dict[str, Any]], pad_id: int, packed: bool = True) ->
         batch["logit_index"] = torch.tensor(logit_index, dtype=torch.long)
         batch["tok_row"] = torch.zeros(len(logit_index), dtype=torch.long)
         batch["tok_col"] = torch.arange(len(logit_index), dtype=torch.long)
+        if boundaries:
+            from .attention import packed_kwargs
+
+            batch.update(packed_kwargs(batch["position_ids"]))
     else:
         width = max(len(s) for s in seqs)
         first = min(starts) - 1
@@ -116,48 +123,251 @@ def collate(features: list[dict[str, Any]], pad_id: int, packed: bool = True) ->
     return batch
 
 
-class Collator:
-    """`collate` with the tokenizer's pad id bound (picklable for DataLoader workers)."""
-
-    def __init__(self, pad_id: int, packed: bool = True):
-        self.pad_id, self.packed = pad_id, packed
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return collate(features, self.pad_id, self.packed)
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Tensors to `device`; the varlen kernel's max lengths stay host ints."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-class Rows:
-    """A list as a map-style dataset (token features are ragged lists)."""
+def uses_boundaries(plan: RunPlan) -> bool:
+    """Whether the attention the model was loaded with reads cu_seqlens from the batch."""
+    return plan.packed and plan.attention.startswith(("nightshift_varlen", "flash_attention"))
 
-    def __init__(self, rows: list[dict]):
-        self.rows = rows
+
+def length(f: dict) -> int:
+    return len(f["input_ids"])
+
+
+def completion_tokens(f: dict) -> int:
+    return len(f["input_ids"]) - f["completion_start"]
+
+
+def token_batches(features: list[dict], micro_batch_tokens: int, packed: bool) -> list[list[dict]]:
+    """Features in batches of at most `micro_batch_tokens` (a longer row alone), in
+    their order of length: for passes without gradients (evaluation, μ, the
+    reference), which need no shuffling, only full batches."""
+    from .batching import micro_batches
+
+    if not features:
+        return []
+    groups = micro_batches([length(f) for f in features], max(1, micro_batch_tokens), packed=packed, seed=0)
+    return [[features[i] for i in g] for g in groups]
+
+
+# --- steps -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One optimizer step as this rank sees it: its micro-batches (features) and the
+    whole step's counts over every rank (what the loss is normalized by)."""
+
+    micro: list[list[dict]]
+    rows: int
+    completion_tokens: int
+    tokens: int
+
+    def count(self, per: str) -> int:
+        return self.rows if per == "row" else self.completion_tokens
+
+
+class Steps(torch.utils.data.Dataset):
+    """This rank's share of every optimizer step, computed once for the run: every
+    rank computes the same steps (same lengths, same seed) and takes its own."""
+
+    def __init__(self, rows: list[dict], plan: RunPlan, seed: int):
+        from .batching import micro_batches, optimizer_steps, shard
+
+        lengths = [length(f) for f in rows]
+        budget = plan.micro_batch_tokens
+        if not plan.rows_per_step:  # a step smaller than the plan's micro-batch is one micro-batch per rank
+            budget = min(budget, max(1, -(-plan.tokens_per_step // plan.world_size)))
+        mbs = micro_batches(lengths, budget, packed=plan.packed, seed=seed)
+        per = {"rows_per_step": plan.rows_per_step} if plan.rows_per_step else {"tokens_per_step": plan.tokens_per_step}
+        steps = optimizer_steps(mbs, lengths, world_size=plan.world_size, micro_batch_tokens=budget,
+                                packed=plan.packed, **per)
+        self.steps: list[Step] = []
+        for step in steps:
+            everyone = [i for mb in step for i in mb]
+            self.steps.append(Step(
+                micro=[[rows[i] for i in mb] for mb in shard(step, plan.rank, plan.world_size)],
+                rows=len(everyone), completion_tokens=sum(completion_tokens(rows[i]) for i in everyone),
+                tokens=sum(lengths[i] for i in everyone)))
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.steps)
 
-    def __getitem__(self, i: int) -> dict:
-        return self.rows[i]
+    def __getitem__(self, k: int) -> Step:
+        return self.steps[k]
+
+
+class StepOrder:
+    """The order steps are taken in, one step per batch: as made in the first epoch
+    (the costliest micro-batch first, so an out-of-memory error comes on step 1),
+    shuffled by the seed and the epoch after. Every rank draws the same order."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        order = list(range(self.n))
+        if self.epoch > 0:
+            random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        for k in order:
+            yield [k]
+
+
+class StepLoader(DataLoader):
+    """A DataLoader of steps that passes the Trainer's epoch to its order."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+
+def _one(items: list[Step]) -> Step:
+    return items[0]
+
+
+# --- the trainer -------------------------------------------------------------------------------------
+
+
+def apply_checkpointing(model, flags: list[bool]) -> None:
+    """Checkpoint the decoder layers whose flag is set (bottom first), the rest
+    keep their activations; none set: checkpointing off."""
+    from transformers.modeling_utils import PreTrainedModel
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    lm = next(m for m in model.modules() if isinstance(m, PreTrainedModel))
+    if not any(flags):
+        if lm.is_activation_checkpointing:
+            lm.activation_checkpointing_disable()
+        return
+    lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if len(layers) != len(flags):
+        raise ValueError(f"checkpointing: the model has {len(layers)} decoder layers, the memory plan {len(flags)}")
+    for layer, flag in zip(layers, flags):
+        layer.gradient_checkpointing = flag
 
 
 class LoopTrainer(Trainer):
-    """transformers' Trainer whose loss is an algorithm's `objective` on the
-    completion tokens' log-probs; everything else (loop, optimizer, schedule,
-    accumulation, logging, checkpoints) is the Trainer's."""
+    """transformers' Trainer taking one optimizer step per batch (a `Step`), each
+    micro-batch's loss an algorithm's `Objective` on the completion tokens'
+    log-probs; loop, optimizer, schedule, logging and checkpoints are the Trainer's."""
 
-    def __init__(self, *args, objective: Objective, **kwargs):
+    def __init__(self, *args, objective: Objective, plan: RunPlan, pad_id: int, **kwargs):
         super().__init__(*args, **kwargs)
-        self.objective = objective
-        self.model_accepts_loss_kwargs = False  # scale by accumulation steps, not token counts
+        self.objective, self.plan, self.pad_id = objective, plan, pad_id
+        self.memory: MemoryPlan | None = plan.memory
+        self.budget = plan.micro_batch_tokens
+        self.retries: list[str] = []
+        self._at = 0  # the micro-batch under way, for the out-of-memory retry
         self._stats: dict[str, list[float]] = defaultdict(list)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        logp = completion_logprobs(model, inputs)
-        loss, stats = self.objective(logp, inputs)
-        if model.training:
-            for k, v in stats.items():
-                self._stats[k].append(v)
-            self._stats["completion_tokens"].append(float(logp.numel()))
-        return (loss, {"logp": logp}) if return_outputs else loss
+    def get_train_dataloader(self) -> DataLoader:
+        # Not prepared by accelerate: each rank's share of a step is already its own.
+        return StepLoader(self.train_dataset, batch_sampler=StepOrder(len(self.train_dataset), self.args.seed),
+                          collate_fn=_one, num_workers=0)
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        return None  # the step's counts ride in each `Step`, over every rank
+
+    def floating_point_ops(self, inputs: Step) -> int:
+        """transformers' 6 x tokens x parameters, on this rank's tokens of the step."""
+        if not hasattr(self, "_n_params"):
+            self._n_params = sum(p.numel() for p in self.model.parameters())
+        return 6 * sum(length(f) for mb in inputs.micro for f in mb) * self._n_params
+
+    def training_step(self, model, inputs: Step, num_items_in_batch=None) -> torch.Tensor:
+        model.train()
+        micro = [list(mb) for mb in inputs.micro]
+        while True:
+            micro = self._fit(micro)
+            try:
+                loss, stats = self._step(model, inputs, micro)
+                break
+            except torch.cuda.OutOfMemoryError as e:
+                micro = self._recover(model, micro, e)
+        for k, v in stats.items():
+            self._stats[k] += v
+        self.state.num_input_tokens_seen += inputs.tokens  # every rank's: the step's counts are global
+        return loss
+
+    def _fit(self, micro: list[list[dict]]) -> list[list[dict]]:
+        """Micro-batches above the current budget (the plan shrank) split to fit it."""
+        out = []
+        for mb in micro:
+            cost = sum(map(length, mb)) if self.plan.packed else len(mb) * max(map(length, mb))
+            out += token_batches(mb, self.budget, self.plan.packed) if cost > self.budget and len(mb) > 1 else [mb]
+        return out
+
+    def _step(self, model, step: Step, micro: list[list[dict]]) -> tuple[torch.Tensor, dict[str, list[float]]]:
+        # summed over this rank's rows or tokens, over the step's count over every rank,
+        # times the ranks: DDP averages the ranks' gradients, which makes it the step's sum
+        scale = self.accelerator.num_processes / max(step.count(self.objective.per), 1)
+        total = torch.zeros((), device=self.args.device)
+        stats: dict[str, list[float]] = defaultdict(list)
+        boundaries = uses_boundaries(self.plan)
+        for j, feats in enumerate(micro):
+            self._at = j
+            last = j == len(micro) - 1
+            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                batch = to_device(collate(feats, self.pad_id, self.plan.packed, boundaries), self.args.device)
+                with self.compute_loss_context_manager():
+                    logp = completion_logprobs(model, batch)
+                    part, figures = self.objective.loss(logp, batch)
+                    loss = part * scale
+                self.accelerator.backward(loss)
+            total += loss.detach()
+            for k, v in figures.items():
+                stats[k].append(v)
+            stats["completion_tokens"].append(float(logp.numel()))
+        return total, stats
+
+    def _recover(self, model, micro: list[list[dict]], error: Exception) -> list[list[dict]]:
+        """After an out-of-memory error: this step's partial gradients dropped, memory
+        freed, the micro-batch that hit it split in two, the plan shrunk for the rest
+        of the run (smaller micro-batches or more layers checkpointed), and the step
+        redone from its first micro-batch: the gradient is the unsplit step's."""
+        from .memory import MemoryPlanError, shrink
+
+        failed = micro[self._at]
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        what = f"out of memory in step {self.state.global_step + 1} (a micro-batch of {sum(map(length, failed)):,} " \
+               f"tokens in {len(failed)} row(s))"
+        if self.memory is not None and self.memory.inputs is not None:
+            try:
+                smaller = shrink(self.memory)
+            except MemoryPlanError as e:
+                if len(failed) < 2:
+                    raise MemoryPlanError(f"{what}: {e}") from error
+                smaller = None
+            if smaller is not None:
+                if smaller.checkpointed_layers != self.memory.checkpointed_layers:
+                    apply_checkpointing(model, smaller.layer_flags())
+                self.memory, self.budget = smaller, min(self.budget, smaller.micro_batch_tokens)
+        elif len(failed) < 2:
+            raise MemoryPlanError(f"{what}: one row, nothing left to split") from error
+        out = []
+        for j, mb in enumerate(micro):
+            if j == self._at and len(mb) > 1:
+                halves = token_batches(mb, -(-sum(map(length, mb)) // 2), True)
+                out += halves if len(halves) > 1 else [mb[: len(mb) // 2], mb[len(mb) // 2:]]
+            else:
+                out.append(mb)
+        line = f"{what}: split in two and the step redone" + \
+               (f"; the rest of the run: {self.memory.line()}" if self.memory is not None else "")
+        log.warning(line)
+        self.retries.append(line)
+        return out
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs and self._stats:
@@ -167,13 +377,16 @@ class LoopTrainer(Trainer):
         super().log(logs, *args, **kwargs)
 
 
+# --- the pieces every trainer shares ------------------------------------------------------------------
+
+
 def training_args(cfg: TrainConfig, plan: RunPlan, out_dir: Path, progress: bool) -> dict:
     """The TrainingArguments every trainer shares: what makes a run fast on a GPU
-    and deterministic on a CPU, checkpoints to resume from, no reporting of its own."""
+    and deterministic on a CPU, checkpoints to resume from, no reporting of its
+    own. Batch sizes are each trainer's: steps for the shared loop (`make_trainer`),
+    rows for TRL's."""
     return dict(
         output_dir=str(out_dir),
-        per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.learning_rate,
         num_train_epochs=cfg.epochs,
         max_steps=cfg.max_steps if cfg.max_steps > 0 else -1,
@@ -191,21 +404,36 @@ def training_args(cfg: TrainConfig, plan: RunPlan, out_dir: Path, progress: bool
         use_cpu=plan.device.type != "cuda",
         seed=cfg.seed,
         data_seed=cfg.seed,
-        gradient_checkpointing=cfg.gradient_checkpointing,
         torch_compile=cfg.compile,
         dataloader_num_workers=0,
         disable_tqdm=not progress,
-        include_num_input_tokens_seen="non_padding",
         eval_strategy="no",
+        ddp_find_unused_parameters=False,  # every trainable weight takes part in every forward
     )
 
 
+def row_batches(cfg: TrainConfig, plan: RunPlan, *, sequences: int = 1, at_least: int = 1) -> dict:
+    """Batch arguments for TRL's row-batched trainers (kto, dpo), from the same
+    budgets: rows per step `train.batch_size` (x grad_accum), or as many rows of
+    the longest length as `tokens_per_step` holds; rows per forward as many as the
+    memory plan's micro-batch holds (`sequences` forwards per row: dpo's chosen and
+    rejected), at least `at_least`; the rest accumulated."""
+    longest = max(1, plan.longest_row or plan.max_length) * sequences
+    per_step = plan.rows_per_step or max(at_least, plan.tokens_per_step // longest)
+    per_rank = max(at_least, -(-per_step // plan.world_size))
+    micro = max(at_least, min(per_rank, plan.micro_batch_tokens // longest))
+    return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": max(1, -(-per_rank // micro)),
+            "gradient_checkpointing": plan.memory is not None and plan.memory.checkpointing != "off",
+            "include_num_input_tokens_seen": "non_padding"}
+
+
 def callbacks(cfg: TrainConfig, plan: RunPlan, tb_dir: Path) -> list:
-    """The step line, then TensorBoard (it writes the figures the step line adds)."""
+    """The step line, then TensorBoard (it writes the figures the step line adds);
+    TensorBoard on the main process only: it alone writes the version."""
     from .steplog import StepLog
 
     out: list = [StepLog(device_name=plan.device_name)]
-    if not cfg.tensorboard:
+    if not cfg.tensorboard or plan.rank != 0:
         return out
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
@@ -214,13 +442,15 @@ def callbacks(cfg: TrainConfig, plan: RunPlan, tb_dir: Path) -> list:
     return out + [TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
 
 
-def make_trainer(plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list,
+def make_trainer(cfg: TrainConfig, plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list,
                  objective: Objective) -> LoopTrainer:
     """A `LoopTrainer` on token features (`examples.pg_features`' shape)."""
     from transformers import TrainingArguments
 
-    if not plan.packed:
-        args = {**args, "train_sampling_strategy": "group_by_length"}  # little padding without packing
-    return LoopTrainer(model=model, args=TrainingArguments(**args, remove_unused_columns=False),
-                       train_dataset=Rows(rows), data_collator=Collator(tok.pad_token_id, plan.packed),
-                       processing_class=tok, callbacks=callbacks, objective=objective)
+    if plan.memory is not None:
+        apply_checkpointing(model, plan.memory.layer_flags())
+    args = {**args, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+            "include_num_input_tokens_seen": "no", "remove_unused_columns": False}
+    return LoopTrainer(model=model, args=TrainingArguments(**args), train_dataset=Steps(rows, plan, cfg.seed),
+                       processing_class=tok, callbacks=callbacks, objective=objective, plan=plan,
+                       pad_id=tok.pad_token_id)

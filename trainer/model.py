@@ -9,14 +9,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import warnings
 
 import torch
 
 from .config import TrainConfig
-from .plan import RunPlan, work_out
+from .plan import RunPlan, local_model, work_out
 from .select import TrainDataError
 
 log = logging.getLogger("nightshift.trainer")
@@ -39,25 +41,10 @@ def packed(cfg: TrainConfig) -> bool:
     return work_out(cfg).packed
 
 
-def _local(path: str, what: str) -> str:
-    if Path(path).is_dir():
-        return path
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = any(isinstance(try_to_load_from_cache(path, f), str) for f in ("config.json", "adapter_config.json"))
-    except Exception:  # noqa: BLE001 - not even a valid repo id
-        cached = False
-    if not cached:
-        raise TrainDataError(f"{what} {path!r} is not a local folder and not in the local Hugging Face cache "
-                             "(nothing is downloaded at run time: save it to a folder first)")
-    return path
-
-
 def load_tokenizer(cfg: TrainConfig):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(_local(cfg.base_model, "base_model"))
+    tok = AutoTokenizer.from_pretrained(local_model(cfg.base_model, "base_model"))
     if cfg.chat_template:
         try:
             tok.chat_template = Path(cfg.chat_template).read_text()
@@ -73,7 +60,7 @@ def load_base(cfg: TrainConfig, plan: RunPlan | None = None):
 
     plan = plan or work_out(cfg)
     return AutoModelForCausalLM.from_pretrained(
-        _local(cfg.base_model, "base_model"), dtype=plan.dtype, attn_implementation=plan.attention)
+        local_model(cfg.base_model, "base_model"), dtype=plan.dtype, attn_implementation=plan.attention)
 
 
 def load_version(cfg: TrainConfig, folder: str | None, plan: RunPlan | None = None):
@@ -113,34 +100,44 @@ def load_policy(cfg: TrainConfig, plan: RunPlan, base=None):
     from peft import PeftModel, get_peft_model
 
     if cfg.init_adapter:
-        return PeftModel.from_pretrained(base, _local(cfg.init_adapter, "init_adapter"), is_trainable=True)
+        return PeftModel.from_pretrained(base, local_model(cfg.init_adapter, "init_adapter"), is_trainable=True)
     return get_peft_model(base, lora_config(cfg))
+
+
+@dataclass
+class Reference:
+    """The policy a run is measured against: its log-probs of the completion tokens
+    (pg's KL penalty), and its final hidden states with its head (the held-out
+    exact KL, chunked: trainer/logprobs.py)."""
+
+    logprobs: Callable[[dict], torch.Tensor]
+    states: Callable[[dict], Any]
 
 
 @contextlib.contextmanager
 def reference(cfg: TrainConfig, plan: RunPlan, policy, which: str):
-    """Yields `fn(batch) -> (logprobs, logits)` of the reference policy: the base
-    model (the policy's adapter switched off for the call: no second copy) or the
-    policy training started from (`init`: the init adapter, loaded once beside)."""
-    from .loop import completion_logprobs
+    """Yields the `Reference`: the base model (the policy's adapter switched off
+    for the call: no second copy) or the policy training started from (`init`:
+    the init adapter, loaded once beside)."""
+    from .logprobs import adapter_off, completion_logprobs, completion_states
 
     is_peft = hasattr(policy, "disable_adapter")
     if is_peft and (which == "base" or not cfg.init_adapter):  # a fresh adapter starts as the base
 
         def off(batch):
             with policy.disable_adapter():
-                return completion_logprobs(policy, batch, with_logits=True)
+                return completion_logprobs(policy, batch)
 
-        yield off
+        yield Reference(off, adapter_off(policy))
         return
     ref = load_base(cfg, plan)
     if which == "init" and cfg.init_adapter:
         from peft import PeftModel
 
         ref = PeftModel.from_pretrained(ref, cfg.init_adapter)
-    ref.to(next(policy.parameters()).device).eval()
+    ref.to(plan.device).eval()
     try:
-        yield lambda batch: completion_logprobs(ref, batch, with_logits=True)
+        yield Reference(lambda batch: completion_logprobs(ref, batch), lambda batch: completion_states(ref, batch))
     finally:
         del ref
         if plan.device.type == "cuda":

@@ -13,6 +13,7 @@ import logging
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class TrainResult:
     eval_after: dict[str, float] = field(default_factory=dict)
     resumed_from: str = ""
     notes: list[str] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)  # the run plan's lines, as printed before step 1
+    too_long: dict[str, int] = field(default_factory=dict)  # rows longer than max_length, by agent
 
     def lines(self) -> list[str]:
         out = [
@@ -61,7 +64,10 @@ class TrainResult:
             f"{self.rows_trained:,} trained on, {self.rows_eval:,} held out",
         ]
         for reason, n in sorted(self.excluded.items(), key=lambda kv: -kv[1]):
-            out.append(f"  left out: {n:,} {reason}")
+            agents = ""
+            if reason.startswith("longer than max_length") and self.too_long:
+                agents = ": " + ", ".join(f"{a} {k:,}" for a, k in sorted(self.too_long.items(), key=lambda kv: -kv[1]))
+            out.append(f"  left out: {n:,} {reason}{agents}")
         lg = self.logged
         if lg.get("match") or lg.get("drift"):
             out.append(f"  logged token ids: {lg.get('match', 0):,} match this tokenizer "
@@ -93,6 +99,7 @@ class TrainResult:
                 return f"{a:.4f} -> {b:.4f}" if a is not None and b is not None else "n/a"
             out.append(f"  held-out ({self.eval_after.get('rows', 0)} rows): nll {fmt('nll')}, "
                        f"advantage-weighted logp {fmt('adv_weighted_logp')}, KL to reference {fmt('kl_to_reference')}")
+        out += [f"  {line}" for line in self.plan]
         out += [f"  note: {n}" for n in self.notes]
         return out
 
@@ -170,6 +177,7 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
     if not selection.rows:
         reasons = ", ".join(f"{n} {r}" for r, n in selection.excluded.most_common()) or "the window is empty"
         raise TrainDataError(f"no transitions to train on: {selection.scanned} row(s) in the window; left out: {reasons}")
+    from .memory import MemoryPlanError
     from .model import load_policy, load_tokenizer, reference
     from .plan import work_out
     from .render import require_template
@@ -181,10 +189,13 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
         import datasets
 
         datasets.disable_progress_bars()
-    plan = work_out(cfg)
     tok = load_tokenizer(cfg)
     require_template(tok, cfg.base_model)
-    prepared = ex.prepare(cfg, tok, selection)
+    try:  # device, precision, attention, packing, and max_length from the memory plan
+        plan = work_out(cfg)
+    except MemoryPlanError as e:
+        raise TrainDataError(str(e)) from None
+    prepared = ex.prepare(cfg, tok, selection, plan.max_length)
     excluded = Counter(selection.excluded) + prepared.excluded
     train_ex = prepared.train
     if not train_ex:
@@ -200,7 +211,18 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
         why = ", ".join(f"{n} {r}" for r, n in left.most_common()) or "none"
         raise TrainDataError(f"{cfg.algorithm}: no training examples from {len(train_ex)} row(s): {why}")
 
-    # 3. model, reference, evaluation before ----------------------------------------------
+    # 3. the memory plan for these rows, printed before anything is loaded -----------------
+    lengths = [len(e.r) for e in train_ex + prepared.eval]
+    share = max(len(e.r.completion_ids) / len(e.r) for e in train_ex)
+    try:
+        plan = plan.fitted(cfg, longest_row=max(lengths), completion_share=share)
+    except MemoryPlanError as e:
+        raise TrainDataError(str(e)) from None
+    if plan.rank == 0:
+        for line in plan.lines():
+            print(line, file=sys.stderr, flush=True)
+
+    # 4. model, reference, evaluation before ----------------------------------------------
     import torch
 
     torch.manual_seed(cfg.seed)
@@ -209,13 +231,13 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
         policy.to(plan.device)
     ref_which = algo.reference(cfg)
     extra = Prepared()
-    with reference(cfg, plan, policy, ref_which) as ref_fn:
-        eval_before = _evaluate(cfg, plan, policy, eval_features, tok, ref_fn)
+    with reference(cfg, plan, policy, ref_which) as ref:
+        eval_before = _evaluate(plan, policy, eval_features, tok, ref)
         if algo.before_training is not None:
-            extra = algo.before_training(cfg, plan, policy, tok, rows, ref_fn)
+            extra = algo.before_training(cfg, plan, policy, tok, rows, ref)
     prepared.logged.update(extra.logged)
 
-    # 4. train --------------------------------------------------------------------------
+    # 5. train --------------------------------------------------------------------------
     run_key = _run_key(cfg, selection.content_hash())
     run_dir = _work_dir(cfg) / run_key
     trainer_dir = run_dir / "trainer"
@@ -237,19 +259,24 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
         from .steplog import BarOnly
 
         trainer.add_callback(BarOnly)
-    out = trainer.train(resume_from_checkpoint=resume or None)
+    try:
+        out = trainer.train(resume_from_checkpoint=resume or None)
+    except MemoryPlanError as e:  # out of memory with nothing left to shrink: said, not a traceback
+        raise TrainDataError(str(e)) from None
+    retries = list(getattr(trainer, "retries", []))
+    memory_used = getattr(trainer, "memory", None)
     steps = trainer.state.global_step
     tokens = int(trainer.state.num_input_tokens_seen or 0)
     train_seconds = float(out.metrics.get("train_runtime", 0.0))
     policy = trainer.model
 
-    # 5. evaluation after, on the main process --------------------------------------------
+    # 6. evaluation after, on the main process --------------------------------------------
     result_path = version = ""
     eval_after: dict = {}
     if trainer.is_world_process_zero():
-        with reference(cfg, plan, policy, ref_which) as ref_fn:
-            eval_after = _evaluate(cfg, plan, policy, eval_features, tok, ref_fn)
-        # 6. the version ------------------------------------------------------------------
+        with reference(cfg, plan, policy, ref_which) as ref:
+            eval_after = _evaluate(plan, policy, eval_features, tok, ref)
+        # 7. the version ------------------------------------------------------------------
         ckpt.clean_stale(cfg.output)
         staged = ckpt.staging_dir(cfg.output, _work_dir(cfg))
         try:
@@ -267,14 +294,14 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
                     "data": cfg.data, "since": selection.since or None, "until": selection.until or None,
                     "rows_scanned": selection.scanned, "rows_selected": len(selection.rows),
                     "rows_trained": len(train_ex), "examples": len(rows), "rows_eval": len(prepared.eval),
-                    "excluded": dict(excluded), "logged_token_ids": dict(prepared.logged),
-                    "content_hash": selection.content_hash(),
+                    "excluded": dict(excluded), "too_long_by_agent": dict(prepared.too_long),
+                    "logged_token_ids": dict(prepared.logged), "content_hash": selection.content_hash(),
                 },
                 "metrics": {
                     "train": {"loss": out.training_loss, "steps": steps, "tokens": tokens, "seconds": train_seconds,
                               "tokens_per_second": tokens / train_seconds if train_seconds else None,
-                              "precision": plan.precision, "attention": plan.attention, "packed": plan.packed,
-                              "device": plan.device_name, **extra.manifest,
+                              **plan.summary(), **extra.manifest, "out_of_memory_retries": retries,
+                              "memory_plan_at_end": memory_used.line() if memory_used is not None else None,
                               "resumed_from": Path(resume).name if resume else None},
                     "eval": {"before": eval_before, "after": eval_after},
                 },
@@ -287,7 +314,7 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
             raise
         shutil.rmtree(run_dir, ignore_errors=True)  # done: nothing left to resume
     trainer.accelerator.wait_for_everyone()
-    notes = ([prepared.split_note] if prepared.split_note else []) + extra.notes
+    notes = ([prepared.split_note] if prepared.split_note else []) + extra.notes + retries
     if prepared.first_error:
         notes.append(f"first chat template error: {prepared.first_error}")
     log.info("train: %s in %.1f s", version, time.time() - t_start)
@@ -297,15 +324,18 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
         examples=len(rows), excluded=dict(excluded), logged=dict(prepared.logged), steps=steps, tokens=tokens,
         seconds=train_seconds, train_loss=float(out.training_loss), eval_before=eval_before,
         eval_after=eval_after, resumed_from=Path(resume).name if resume else "", notes=notes,
+        plan=plan.lines(), too_long=dict(prepared.too_long),
     )
 
 
-def _evaluate(cfg: TrainConfig, plan: RunPlan, policy, features: list[dict], tok, ref_fn) -> dict:
+def _evaluate(plan: RunPlan, policy, features: list[dict], tok, ref) -> dict:
     from .evaluate import evaluate
+    from .loop import uses_boundaries
 
     if not features:
         return {}
-    return evaluate(policy, features, tok.pad_token_id, cfg.eval_batch_size, plan.packed, ref_fn)
+    return evaluate(policy, features, tok.pad_token_id, plan.micro_batch_tokens, plan.packed, ref.states,
+                    uses_boundaries(plan))
 
 
 def _save_model(cfg: TrainConfig, trainer, tok, staged: Path) -> str:

@@ -8,6 +8,11 @@ from the trainer's own log record, tokens/s from the tokens it counted (padding
 excluded) over the wall time between two logging steps, MFU (GPU only) from those
 tokens/s against the device's peak. Tokens/s and MFU are added to the record, so
 TensorBoard (a callback after this one) plots them beside the loss.
+
+MFU has conventions; this one is said once, before step 1: model FLOPs per token
+4N + 2N_trainable (attention left out, as NeMo and nanoGPT count), against the
+vendor's dense bf16 datasheet peak (989 TFLOP/s for H100 and H200, the figure
+public anchors divide by), not a measured matmul peak.
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ def flops_per_token(n_params: int, n_trainable: int) -> float:
     return 4 * n_params + 2 * n_trainable
 
 
+def mfu_convention(device_name: str, n_params: int, n_trainable: int, peak: float) -> str:
+    """The line that says what the step lines' MFU divides by what."""
+    return (f"MFU: tokens/s x {flops_per_token(n_params, n_trainable) / 1e9:,.2f} GFLOP per token (4N + 2N_trainable, "
+            f"N = {n_params / 1e9:.2f}B, attention not counted) over {device_name}'s {peak / 1e12:,.0f} TFLOP/s "
+            "(dense bf16 datasheet peak)")
+
+
 def eta(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     h, rest = divmod(seconds, 3600)
@@ -54,7 +66,9 @@ class StepLog(TrainerCallback):
 
     def __init__(self, out=None, device_name: str = ""):
         self.out = out  # a file, or None: stderr through tqdm.write, so a progress bar stays intact
+        self.device_name = device_name
         self.peak = peak_flops(device_name) if device_name else None
+        self.convention = ""
         self.flops_per_token: float | None = None
         self._t0 = self._tokens0 = self._step0 = None
         self.lines: list[str] = []
@@ -64,6 +78,9 @@ class StepLog(TrainerCallback):
             n = sum(p.numel() for p in model.parameters())
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
             self.flops_per_token = flops_per_token(n, trainable)
+            if self.peak:
+                self.convention = mfu_convention(self.device_name, n, trainable, self.peak)
+                self._print(self.convention, state)
         self._t0, self._tokens0, self._step0 = time.perf_counter(), int(state.num_input_tokens_seen or 0), state.global_step
 
     def on_log(self, args, state, control, logs=None, **kw):
@@ -88,6 +105,9 @@ class StepLog(TrainerCallback):
             parts.append(f"ETA {eta((state.max_steps - state.global_step) * dt / dstep)}")
         line = " | ".join(parts)
         self.lines.append(line)
+        self._print(line, state)
+
+    def _print(self, line: str, state) -> None:
         if state.is_world_process_zero:
             if self.out is not None:
                 print(line, file=self.out, flush=True)

@@ -54,20 +54,22 @@ def examples(cfg: TrainConfig, rendered: list[Example]) -> tuple[list[dict], Cou
     return awr_features(rendered, cfg.awr.beta, cfg.awr.max_weight), Counter()
 
 
-def objective(logp, batch):
-    """Weighted log-likelihood: the weights ride in `advantage`, μ plays no part."""
+def awr_loss(logp, batch):
+    """Weighted log-likelihood summed over the rows: the weights ride in
+    `advantage`, μ plays no part."""
     import torch
 
     from .pg import pg_loss
 
     unknown = torch.full_like(batch["old_logprobs"], math.nan)
-    return pg_loss(logp, unknown, batch["advantage"], batch["tok_seq"], batch["weight"], clip="none")
+    return pg_loss(logp, unknown, batch["advantage"], batch["tok_seq"], batch["weight"], clip="none",
+                   denominator=1.0)
 
 
 def make_trainer(cfg: TrainConfig, plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list):
-    from ..loop import make_trainer
+    from ..loop import Objective, make_trainer
 
-    return make_trainer(plan, model, tok, rows, args, callbacks, objective)
+    return make_trainer(cfg, plan, model, tok, rows, args, callbacks, Objective(awr_loss, per="row"))
 
 
 ALGORITHM = Algorithm(name="awr", settings=AWRSettings, order=1, examples=examples, trainer=make_trainer,

@@ -60,9 +60,13 @@ def examples(cfg: TrainConfig, rendered: list[Example]) -> tuple[list[dict], Cou
 
 def make_trainer(cfg: TrainConfig, plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list):
     from datasets import Dataset
+
+    from ..loop import row_batches
+
+    args = {**args, **row_batches(cfg, plan, sequences=2, at_least=1)}
     from trl import DPOConfig, DPOTrainer
 
-    conf = DPOConfig(**args, max_length=cfg.max_length, beta=cfg.dpo.beta)
+    conf = DPOConfig(**args, max_length=plan.max_length, beta=cfg.dpo.beta)
     return DPOTrainer(model=model, args=conf, train_dataset=Dataset.from_list(rows, on_mixed_types="use_json"),
                       processing_class=tok, callbacks=callbacks)
 

@@ -30,7 +30,7 @@ class KTOSettings:
 
 
 def rules(cfg: TrainConfig) -> None:
-    if cfg.batch_size < 2:
+    if 0 < cfg.batch_size < 2:
         raise invalid("batch_size", "kto needs batch_size >= 2: its KL term pairs each completion with another "
                                     "row's prompt")
 
@@ -56,12 +56,16 @@ def examples(cfg: TrainConfig, rendered: list[Example]) -> tuple[list[dict], Cou
 
 def make_trainer(cfg: TrainConfig, plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list):
     from datasets import Dataset
+
+    from ..loop import row_batches
+
+    args = {**args, **row_batches(cfg, plan, sequences=1, at_least=2)}
     from trl import KTOConfig, KTOTrainer
 
     good = sum(r["label"] for r in rows)
     bad = len(rows) - good
     # Equal weighted counts: inside the [1, 4/3] ratio TRL recommends.
-    conf = KTOConfig(**args, max_length=cfg.max_length, beta=cfg.kto.beta,
+    conf = KTOConfig(**args, max_length=plan.max_length, beta=cfg.kto.beta,
                      desirable_weight=max(1.0, bad / max(good, 1)), undesirable_weight=max(1.0, good / max(bad, 1)))
     return KTOTrainer(model=model, args=conf, train_dataset=Dataset.from_list(rows, on_mixed_types="use_json"),
                       processing_class=tok, callbacks=callbacks)

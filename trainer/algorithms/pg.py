@@ -78,6 +78,7 @@ def pg_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     unknown_mu_negatives: float = 0.0,
+    denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy-gradient loss of a batch, and what a person watching it wants to see.
 
@@ -86,6 +87,9 @@ def pg_loss(
     adv: [B] advantage of each sequence. tok_seq: [K] the sequence of each token.
     seq_weight: [B] weight of each sequence. ref_logp: [K] reference log-probs,
     for the k3 estimate of KL(π‖ref) (non-negative, unbiased) times `kl_coef`.
+    The loss is the weighted sum of the sequences' mean token losses over
+    `denominator` (default: this batch's sequences; the shared loop passes 1 and
+    divides by the rows of the whole optimizer step).
     """
     import torch
 
@@ -123,7 +127,7 @@ def pg_loss(
     n_tok = torch.zeros(b, dtype=tok_loss.dtype, device=tok_loss.device).index_add(0, tok_seq, ones)
     seq_loss = torch.zeros(b, dtype=tok_loss.dtype, device=tok_loss.device).index_add(0, tok_seq, tok_loss)
     seq_loss = seq_loss / n_tok.clamp(min=1.0)
-    loss = (seq_loss * seq_weight.to(seq_loss.dtype)).sum() / b
+    loss = (seq_loss * seq_weight.to(seq_loss.dtype)).sum() / (b if denominator is None else denominator)
     with torch.no_grad():
         stats = {
             "pg/ratio_mean": ratio.mean().item(),
@@ -148,41 +152,44 @@ def examples(cfg: TrainConfig, rendered: list[Example]) -> tuple[list[dict], Cou
 
 
 def objective(settings: PGSettings):
-    """The loss the shared loop calls on each batch's completion log-probs."""
+    """The loss the shared loop calls on each micro-batch's completion log-probs:
+    summed over its rows, the loop divides by the step's rows (each sequence
+    weighs its `weight`, whatever its length or micro-batch)."""
+    from ..loop import Objective
 
     def loss(logp, batch):
         return pg_loss(logp, batch["old_logprobs"], batch["advantage"], batch["tok_seq"], batch["weight"],
                        clip=settings.clip, epsilon=settings.epsilon, truncate_max=settings.truncate_max,
                        ref_logp=batch.get("ref_logprobs"), kl_coef=settings.kl_coef,
-                       unknown_mu_negatives=settings.unknown_mu_negatives)
+                       unknown_mu_negatives=settings.unknown_mu_negatives, denominator=1.0)
 
-    return loss
+    return Objective(loss, per="row")
 
 
 def make_trainer(cfg: TrainConfig, plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list):
     from ..loop import make_trainer
 
-    return make_trainer(plan, model, tok, rows, args, callbacks, objective(cfg.pg))
+    return make_trainer(cfg, plan, model, tok, rows, args, callbacks, objective(cfg.pg))
 
 
-def before_training(cfg: TrainConfig, plan: RunPlan, policy, tok, rows: list[dict], ref_fn) -> Prepared:
+def before_training(cfg: TrainConfig, plan: RunPlan, policy, tok, rows: list[dict], ref) -> Prepared:
     """The reference's log-probs for the KL penalty (when on), and μ for every row
     (logged, or recomputed with the weights of the version that made the call)."""
     from .. import behaviour
-    from ..loop import collate
 
     out = Prepared()
     if cfg.pg.kl_coef > 0:
         import torch
 
+        from ..loop import collate, to_device, token_batches, uses_boundaries
+
         was_training = policy.training
         policy.eval()
         with torch.no_grad():
-            for i in range(0, len(rows), cfg.eval_batch_size):
-                chunk = rows[i : i + cfg.eval_batch_size]
-                batch = {k: v.to(plan.device) for k, v in collate(chunk, tok.pad_token_id, plan.packed).items()}
+            for chunk in token_batches(rows, plan.micro_batch_tokens, plan.packed):
+                batch = to_device(collate(chunk, tok.pad_token_id, plan.packed, uses_boundaries(plan)), plan.device)
                 seq = batch["tok_seq"].tolist()
-                values = ref_fn(batch)[0].float().cpu().tolist()
+                values = ref.logprobs(batch).float().cpu().tolist()
                 for j, f in enumerate(chunk):
                     f["ref_logprobs"] = [v for v, s in zip(values, seq) if s == j]
         policy.train(was_training)
@@ -190,6 +197,9 @@ def before_training(cfg: TrainConfig, plan: RunPlan, policy, tok, rows: list[dic
         return out
     mu = behaviour.attach(cfg, plan, rows, tok)
     out.logged.update({f"mu_{k}": n for k, n in mu.counts.items()})
+    out.manifest["mu"] = mu.summary()
+    if mu.rows:
+        out.notes.append(mu.line())
     if mu.versions:
         out.notes.append("μ producers: " + ", ".join(f"{v} {n:,}" for v, n in sorted(mu.versions.items())))
     if mu.drift is not None:

@@ -1,8 +1,8 @@
 """`sft`: rejection-sampling fine-tuning, the default: the log-likelihood of the
 rows at or above a reward threshold (the `top_k` best of each task group with
-top_k > 0). The learning benchmark's best and safest objective on logged calls
-(/work/shared/research/offline-learning.md: filtered SFT is the baseline the
-others must beat).
+top_k > 0), on the shared loop (trainer/loop.py: token-budget steps, packing,
+the memory plan). The learning benchmark's best and safest objective on logged
+calls (filtered SFT is the baseline the others must beat).
 """
 
 from __future__ import annotations
@@ -45,22 +45,23 @@ def examples(cfg: TrainConfig, rendered: list[Example]) -> tuple[list[dict], Cou
             kept += g[: cfg.sft.top_k]
         left[f"beyond the top {cfg.sft.top_k} of their group"] = len(good) - len(kept)
         good = kept
-    rows = [{"input_ids": e.r.prompt_ids + e.r.completion_ids,
-             "completion_mask": [0] * len(e.r.prompt_ids) + [1] * len(e.r.completion_ids)} for e in good]
+    rows = [{"input_ids": e.r.prompt_ids + e.r.completion_ids, "completion_start": len(e.r.prompt_ids)}
+            for e in good]
     return rows, +left
 
 
+def nll(logp, batch):
+    """The negative log-likelihood of the completion tokens, summed: the shared loop
+    divides by the step's completion tokens, so the loss is the token mean over
+    the whole optimizer step (what TRL's SFTTrainer computes), whatever the
+    micro-batches and processes."""
+    return -logp.sum(), {"sft/nll": -logp.mean().item() if logp.numel() else 0.0}
+
+
 def make_trainer(cfg: TrainConfig, plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list):
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from ..loop import Objective, make_trainer
 
-    if not plan.packed:
-        args = {**args, "train_sampling_strategy": "group_by_length"}
-    conf = SFTConfig(**args, max_length=cfg.max_length, packing=plan.packed, padding_free=plan.packed,
-                     completion_only_loss=True)
-    return SFTTrainer(model=model, args=conf, train_dataset=Dataset.from_list(rows), processing_class=tok,
-                      callbacks=callbacks)
+    return make_trainer(cfg, plan, model, tok, rows, args, callbacks, Objective(nll, per="token"))
 
 
-ALGORITHM = Algorithm(name="sft", settings=SFTSettings, order=2, examples=examples, trainer=make_trainer,
-                      shared_loop=False)
+ALGORITHM = Algorithm(name="sft", settings=SFTSettings, order=2, examples=examples, trainer=make_trainer)
