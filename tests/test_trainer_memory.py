@@ -492,12 +492,16 @@ def _gpu_case(shape: ModelShape, lengths: list[int], checkpoint_layers: int, com
     autocast as accelerate sets it, AdamW) on one-sequence micro-batches of `lengths`
     tokens, the last `completion` of each through the chunked completion-only head:
     (max allocated, max reserved, the estimate for the longest)."""
+    import gc
+
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from nightshift.trainer.logprobs import completion_logprobs
 
+    gc.collect()  # what an earlier case or test left cached would count as this one's reserve
+    torch.cuda.empty_cache()
     device = torch.device("cuda")
     config = Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                          num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
@@ -545,17 +549,16 @@ def _gpu_case(shape: ModelShape, lengths: list[int], checkpoint_layers: int, com
     est = estimate_peak(shape, micro_batch_tokens=max(lengths), lora_r=16, dtype_bytes=2, checkpointing=ck,
                         checkpoint_layers=checkpoint_layers, attention="sdpa", head="chunked",
                         logits_positions=completion)
-    del model, base, opt
-    torch.cuda.empty_cache()
     return allocated, reserved, est
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name,layers_checkpointed", [("0.5b", 0), ("0.5b", 24), ("7b", "plan")])
+@pytest.mark.parametrize("name,layers_checkpointed", [("0.5b", 0), ("7b", "plan")])
 def test_gpu_estimate_and_allocator_overhead_on_the_new_path(name, layers_checkpointed):
     """The plan's own configuration on the device: one-sequence micro-batches of 9k
-    to 16k tokens (the allocator meets several shapes), no mask (flash kernel),
+    to 16k tokens (the allocator meets several shapes), no mask (flash kernel, as
+    varlen: q, k, v, output and logsumexp kept, grouped KV heads not repeated),
     completion-only chunked head. max_memory_allocated within 15 % of the estimate
     (as the table), and max_memory_reserved within the estimate plus
     ALLOCATOR_OVERHEAD, the share the plan keeps for the allocator. The 7B case
@@ -569,7 +572,7 @@ def test_gpu_estimate_and_allocator_overhead_on_the_new_path(name, layers_checkp
         p = plan(shape, tokens_per_step=65536, longest_row=16384, completion_share=400 / 16384, **card(60))
         assert p.micro_batch_tokens == 16384, p.line()
         k = p.checkpointed_layers
-    allocated, reserved, est = _gpu_case(shape, [16384, 12288, 15000, 9000], k)
+    allocated, reserved, est = _gpu_case(shape, [16384, 12288, 9000], k)
     line = (f"{name} {k}/{shape.layers} layers checkpointed, 16,384 tokens: allocated {allocated / GIB:.2f} GiB, "
             f"estimated {est / GIB:.2f} GiB ({est / allocated - 1:+.1%}), reserved {reserved / GIB:.2f} GiB "
             f"(reserved/allocated {reserved / allocated:.3f}, reserved/estimate {reserved / est:.3f})")
