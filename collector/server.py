@@ -130,6 +130,9 @@ class Collector:
             self.log.open()
         except wal.LogInUse as e:
             raise CannotStart(str(e)) from None
+        except OSError as e:  # a folder it may not write, a segment it cannot read back
+            raise CannotStart(f"cannot use the write-ahead log's folder {self.wal_dir}: "
+                              f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}") from None
         limits = ClientLimits(cfg.client_max_inflight, cfg.client_bytes_per_s, cfg.client_burst_bytes)
         self.pipeline = Pipeline(self.log, redactor, self.metrics, cfg.max_inflight, limits)
         try:
