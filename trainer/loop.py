@@ -178,12 +178,17 @@ class Steps(torch.utils.data.Dataset):
         from .batching import micro_batches, optimizer_steps, shard
 
         lengths = [length(f) for f in rows]
-        budget = plan.micro_batch_tokens
-        if not plan.rows_per_step:  # a step smaller than the plan's micro-batch is one micro-batch per rank
-            budget = min(budget, max(1, -(-plan.tokens_per_step // plan.world_size)))
-        mbs = micro_batches(lengths, budget, packed=plan.packed, seed=seed)
-        per = {"rows_per_step": plan.rows_per_step} if plan.rows_per_step else {"tokens_per_step": plan.tokens_per_step}
-        steps = optimizer_steps(mbs, lengths, world_size=plan.world_size, micro_batch_tokens=budget,
+        # Which rows make a step must not depend on the number of processes (or one
+        # process's memory): rows are binned by length into groups of a whole step's
+        # tokens, grouped into steps, and only then dealt to the ranks and cut into
+        # micro-batches of the plan's size (by `optimizer_steps` over several ranks,
+        # by `LoopTrainer._fit` in one).
+        if plan.rows_per_step:
+            whole, per = plan.rows_per_step * max(lengths), {"rows_per_step": plan.rows_per_step}
+        else:
+            whole, per = plan.tokens_per_step, {"tokens_per_step": plan.tokens_per_step}
+        mbs = micro_batches(lengths, max(whole, 1), packed=plan.packed, seed=seed)
+        steps = optimizer_steps(mbs, lengths, world_size=plan.world_size, micro_batch_tokens=plan.micro_batch_tokens,
                                 packed=plan.packed, **per)
         self.steps: list[Step] = []
         for step in steps:
