@@ -480,6 +480,13 @@ def test_shrink_halves_then_checkpoints_more_then_halves_to_one_row_then_gives_u
     first_ck = layers.index(next(k for k in layers if k > 0))
     assert micro[first_ck] == EFFICIENT_TOKENS  # halved to 8k before any layer is checkpointed
     assert seen[-1].checkpointing == "full" and seen[-1].micro_batch_tokens == 4096
+    # the floor is the longest row the plan was made for, not max_length
+    rows_3k = plan(shape, tokens_per_step=65536, longest_row=3000, checkpointing="on", **card(80))
+    assert rows_3k.max_length == 32768
+    while rows_3k.micro_batch_tokens > 3072:
+        rows_3k = shrink(rows_3k)
+    with pytest.raises(MemoryPlanError, match="as small as the longest row \\(3,000 tokens\\)"):
+        shrink(rows_3k)
     assert "out of memory at micro-batch" in seen[1].notes[-1] and "retried with" in seen[1].notes[-1]
     assert seen[0].notes == []  # pure: the plan shrunk is left as it was
 

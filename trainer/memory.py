@@ -360,6 +360,7 @@ class PlanInputs:
     packed: bool = True
     completion_share: float = 1.0
     available_bytes: int | None = None
+    longest_row: int = 0  # the longest row the data has (0: unknown, max_length)
 
 
 def _level_name(layers: int, k: int) -> str:
@@ -398,8 +399,9 @@ class MemoryPlan:
     def layer_flags(self) -> list[bool]:
         """Per decoder layer, bottom first: set as that layer's `gradient_checkpointing`
         (after `activation_checkpointing_enable()` has given every layer the function)."""
-        layers = self.inputs.shape.layers if self.inputs is not None else self.checkpointed_layers
-        return checkpoint_flags(layers, self.checkpointing, self.checkpointed_layers)
+        if self.inputs is None:
+            raise MemoryPlanError("memory plan: this plan was not made by plan(), so its layers are unknown")
+        return checkpoint_flags(self.inputs.shape.layers, self.checkpointing, self.checkpointed_layers)
 
     def line(self) -> str:
         ck = self.checkpointing
@@ -511,7 +513,8 @@ def plan(shape: ModelShape, *, tokens_per_step: int, max_length_wanted: int = 0,
         raise MemoryPlanError(f"memory plan: unknown checkpointing {checkpointing!r} (auto, on, off or selective)")
     inp = PlanInputs(shape=shape, tokens_per_step=tokens_per_step, lora_r=lora_r, full_finetune=full_finetune,
                      dtype_bytes=dtype_bytes, attention=attention, packed=packed,
-                     completion_share=min(max(completion_share, 0.0), 1.0), available_bytes=available_bytes)
+                     completion_share=min(max(completion_share, 0.0), 1.0), available_bytes=available_bytes,
+                     longest_row=max(0, longest_row))
     notes: list[str] = []
     limit = shape.max_positions or 32768
     max_length = max_length_wanted or limit
@@ -557,16 +560,17 @@ def plan(shape: ModelShape, *, tokens_per_step: int, max_length_wanted: int = 0,
 def shrink(p: MemoryPlan) -> MemoryPlan:
     """The plan to retry a step with after an out-of-memory error (the estimate was
     wrong, or something else took memory): half the micro-batch while it stays at
-    least `EFFICIENT_TOKENS` and a longest row; else checkpoint a quarter more of
-    the layers (at least one); else half the micro-batch down to one longest row.
+    least `EFFICIENT_TOKENS` and the longest row; else checkpoint a quarter more of
+    the layers (at least one); else half the micro-batch down to the longest row.
     Tokens per step stay about the same (accumulation grows). Pure: the caller
     retries with the result. Raises MemoryPlanError when nothing is left."""
     if p.inputs is None:
         raise MemoryPlanError("memory plan: this plan was not made by plan(), so it cannot be shrunk")
     inp, layers = p.inputs, p.inputs.shape.layers
-    low = _round_up(p.max_length)
-    half = _round_up(p.micro_batch_tokens // 2)
-    half = half if low <= half < p.micro_batch_tokens else p.micro_batch_tokens
+    longest = min(p.max_length, inp.longest_row) if inp.longest_row else p.max_length
+    low = _round_up(longest)
+    half = max(low, _round_up(p.micro_batch_tokens // 2))  # never below the longest row
+    half = min(half, p.micro_batch_tokens)
     k = p.checkpointed_layers
     more = min(layers, k + max(1, layers // 4))
     what = f"out of memory at micro-batch {p.micro_batch_tokens:,} tokens, {k} of {layers} layers checkpointed"
@@ -577,9 +581,9 @@ def shrink(p: MemoryPlan) -> MemoryPlan:
     elif half < p.micro_batch_tokens:
         micro, how = half, f"micro-batch {half:,}"
     else:
-        raise MemoryPlanError(f"memory plan: {what}, one row of max_length {p.max_length:,}: nothing left to "
-                              "shrink (lower train.max_length or train.memory_fraction, or use a bigger GPU)")
-    out = _make(inp, micro, p.max_length, min(p.max_length, micro), k, [*p.notes, f"{what}: retried with {how}"],
+        raise MemoryPlanError(f"memory plan: {what}, as small as the longest row ({longest:,} tokens): nothing "
+                              "left to shrink (lower train.max_length or train.memory_fraction, or use a bigger GPU)")
+    out = _make(inp, micro, p.max_length, min(longest, micro), k, [*p.notes, f"{what}: retried with {how}"],
                 None, p.memory_fraction)
     out.free_gib = p.free_gib
     out.grad_accum = max(1, round(p.tokens_per_step / micro))
