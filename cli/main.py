@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .build_cmd import add_build
 
     add_build(sub, common)
+    from .doctor_cmd import add_doctor
+
+    add_doctor(sub, common)
     from .train_cmd import add_train
 
     add_train(sub, common)
