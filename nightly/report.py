@@ -44,26 +44,33 @@ def rolled_back(checkpoints: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     if not checkpoints:
         return out
-    try:
-        from nightshift.publish import registry
+    from nightshift.publish import gatelog, registry
 
-        for e in registry.read(checkpoints):
-            if e.get("rollback_of"):
-                out[str(e["rollback_of"])] = f"rolled back: to {e.get('version')}"
-    except (OSError, ValueError):
-        pass
-    log = Path(checkpoints) / "gate-log.jsonl"
-    if log.exists():
-        for line in log.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(e, dict) and e.get("kind") == "watch" and e.get("rolled_back_to"):
-                p = e.get("p_value")
-                what = "canary stopped" if e.get("canary") else "rolled back"
-                out[str(e.get("candidate"))] = f"{what}: watch" + (f", p {p:.2g}" if isinstance(p, (int, float)) else "")
+    for e in registry.read_lenient(checkpoints)[0]:
+        if e.get("rollback_of"):
+            out[str(e["rollback_of"])] = f"rolled back: to {e.get('version')}"
+    for e in gatelog.read(checkpoints)[0]:
+        if e.get("kind") == "watch" and e.get("rolled_back_to"):
+            p = e.get("p_value")
+            what = "canary stopped" if e.get("canary") else "rolled back"
+            number = isinstance(p, (int, float)) and not isinstance(p, bool)
+            out[str(e.get("candidate"))] = f"{what}: watch" + (f", p {p:.2g}" if number else "")
     return out
+
+
+def state_notes(checkpoints: str | None) -> list[str]:
+    """What the report could not read beside the checkpoints and left out: entries of
+    `published.json`, lines of `gate-log.jsonl`."""
+    if not checkpoints:
+        return []
+    from nightshift.publish import gatelog, registry
+
+    notes = registry.read_lenient(checkpoints)[1]
+    bad = gatelog.read(checkpoints)[1]
+    if bad:
+        notes.append(f"{checkpoints.rstrip('/')}/{gatelog.LOG}: {bad} unreadable line(s) skipped (a torn last line, "
+                     "invalid UTF-8, or not a JSON object)")
+    return notes
 
 
 def _plot_versions(ax, stats, rolled: dict[str, str]) -> None:
@@ -198,6 +205,8 @@ def markdown(run: dict, history: list[dict], png_name: str) -> str:
             fmt = (lambda v: f"{v:.4f}" if isinstance(v, float) else str(v))
             lines.append(f"| {k} | {fmt(c) if c is not None else '-'} | {fmt(p) if p is not None else '-'} |")
         lines.append("")
+    if run.get("notes"):
+        lines += ["## Notes", "", *(f"- {n}" for n in run["notes"]), ""]
     lines += [f"![reward per day, held-out score across runs, reward by version]({png_name})", "", "## Recent runs", "",
               "| run | outcome | version | candidate | serving before |", "|---|---|---|---|---|"]
     for h in history[-14:]:
@@ -242,6 +251,7 @@ def write(run: dict, history: list[dict], data: str, out_dir: str | Path, *,
     stats = _versions(data, checkpoints)
     if stats:
         run = {**run, "versions": lines(stats)}
+    run = {**run, "notes": state_notes(checkpoints)}
     png = plot(history, data, out / f"{stem}.png", checkpoints=checkpoints, versions=stats)
     md = out / f"{stem}.md"
     md.write_text(markdown(run, history, png.name))
@@ -251,6 +261,13 @@ def write(run: dict, history: list[dict], data: str, out_dir: str | Path, *,
 
 
 def read_history(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The runs so far (`runs.jsonl`, appended once per run): a line that cannot be
+    read (a torn last line, a hand edit) is skipped, not the report."""
+    from nightshift.publish.gatelog import read_lines
+
+    def usable(h: dict) -> bool:
+        return isinstance(h.get("run_id"), str) and all(
+            h.get(k) is None or isinstance(h[k], (int, float)) and not isinstance(h[k], bool)
+            for k in ("candidate_metric", "published_metric"))
+
+    return [h for h in read_lines(path)[0] if usable(h)]

@@ -47,6 +47,8 @@ from pathlib import Path
 from nightshift.settings import setting
 from nightshift.trainer.config import TrainConfig
 
+from . import gatelog
+
 log = logging.getLogger("nightshift.gate")
 
 #: The headline figure of a decision (the report plots it).
@@ -324,9 +326,7 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
             decision.reason += "; the evaluation command passed"
     decision.reason = decision.reason.lstrip("; ") or "nothing to compare on"
     if log_dir:
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
-        with open(Path(log_dir) / "gate-log.jsonl", "a") as f:
-            f.write(json.dumps(asdict(decision), default=str) + "\n")
+        gatelog.append(log_dir, asdict(decision))
     log.info("gate %s: %s", "passed" if decision.passed else "blocked", decision.reason)
     return decision
 

@@ -55,9 +55,11 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from . import registry
+
 #: Fewer rewarded trajectories than this and a version gets no interval, only a count.
 MIN_TRAJECTORIES = 30
-BASE = "base"  # calls no published version made: the base model, or a hosted one
+BASE = registry.BASE  # calls no published version made: the base model, or a hosted one
 ALL = "(all)"
 #: the weekly-shape test: its level, and the rated trajectories a weekday of a version needs to take part
 SHAPE_ALPHA = 0.01
@@ -341,13 +343,11 @@ class _Publications:
         return cls(order, intervals, before, rolled)
 
 
-def _read_registry(checkpoints: str, storage_options: dict | None) -> tuple[list[dict] | None, str]:
-    from . import registry
-
-    try:
-        return registry.read(checkpoints, storage_options), ""
-    except (OSError, ValueError) as e:  # unreadable or not JSON: said, then read as if absent
-        return None, f"{checkpoints}/{registry.REGISTRY} could not be read ({e}): serving times from the calls"
+def _read_registry(checkpoints: str, storage_options: dict | None) -> tuple[list[dict] | None, list[str]]:
+    """A report only reads: entries it cannot use are skipped and said, and a file it
+    cannot use at all is read as absent (serving times from the calls)."""
+    entries, notes = registry.read_lenient(checkpoints, storage_options)
+    return (entries if entries or not notes else None), notes
 
 
 def _deleted(checkpoints: str, versions: list[str], storage_options: dict | None) -> set[str]:
@@ -374,8 +374,8 @@ def by_version(data: str, since: str = "", min_trajectories: int = MIN_TRAJECTOR
     notes: list[str] = []
     entries = None
     if checkpoints:
-        entries, problem = _read_registry(checkpoints, storage_options)
-        notes += [problem] if problem else []
+        entries, problems = _read_registry(checkpoints, storage_options)
+        notes += problems
         if entries == []:
             notes.append(f"no {checkpoints}/published.json: no version can be checked against it")
             entries = None
