@@ -28,8 +28,15 @@ private: --api-key does not guard them). The production-safe alternative:
 start a second server on the merged folder, switch traffic, stop the old one
 (blue-green).
 
+Every input is read and checked before the server is touched, and the change
+is recorded as pending in published.json before it starts: a run killed at any
+step is finished or undone by the next publish, rollback or watch, which says
+what it repaired.
+
 Exit codes: 0 published and verified, 1 refused or failed (the server's message
-is printed verbatim; the registry is unchanged)."""
+is printed verbatim; what the server took is undone, the registry unchanged),
+2 published.json cannot be used (the message names the file and the problem;
+nothing was changed)."""
 
 
 def _publish_args(p: argparse.ArgumentParser) -> None:
@@ -54,7 +61,8 @@ def add_publish(sub, common) -> None:
 
     r = sub.add_parser("rollback", help="publish the version before the one serving",
                        description="Publish again the newest version older than the one serving this name on this "
-                       "server (from <checkpoints>/published.json), verified like any publication.")
+                       "server (from <checkpoints>/published.json), verified like any publication. Exit codes: 0 "
+                       "rolled back, 1 refused or failed, 2 published.json cannot be used (nothing was changed).")
     r.add_argument("--checkpoints", required=True, metavar="DIR", help="the checkpoints folder")
     _publish_args(r)
     r.set_defaults(func=cmd_rollback)
@@ -94,15 +102,24 @@ def add_publish(sub, common) -> None:
     n.set_defaults(func=cmd_nightly)
 
 
+def _refused(command: str, e: Exception) -> int:
+    """A registry that cannot be used: exit 2, nothing changed on the server."""
+    print(f"nightshift {command}: {e}; nothing was changed on the server or in the registry", file=sys.stderr)
+    return 2
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from .console import setup_logging
     from nightshift.publish.publish import PublishError, publish
+    from nightshift.publish.registry import RegistryError
     from nightshift.publish.vllm_client import VLLMError
 
     setup_logging("warning")
     try:
         s = _settings(args)
         result = publish(args.checkpoint, s.vllm_url, **s.kwargs())
+    except RegistryError as e:
+        return _refused("publish", e)
     except (PublishError, VLLMError) as e:
         print(f"nightshift publish: {e}", file=sys.stderr)
         return 1
@@ -131,6 +148,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import PublishError
     from nightshift.publish.vllm_client import VLLMError
+    from nightshift.publish.registry import RegistryError
     from nightshift.publish.watch import watch
     from nightshift.route.client import RouteError
 
@@ -138,6 +156,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args))
     try:
         verdict, out = watch(_data(args), args.checkpoints, n, n.watch, n.canary, act=not args.dry_run)
+    except RegistryError as e:
+        return _refused("watch", e)
     except (PublishError, VLLMError, RouteError, FileNotFoundError) as e:
         print(f"nightshift watch: {e}", file=sys.stderr)
         return 1
@@ -158,13 +178,17 @@ over every look), and act:
 
 Each decision goes to <checkpoints>/gate-log.jsonl. Settings as the nightly job's
 (the `nightly:` section of --config, NIGHTSHIFT_NIGHTLY_*, then these flags).
+The registry is read whole first: one that cannot be used is refused (exit 2)
+rather than guessed at, since every decision may move the server; a change an
+earlier run left pending is finished or undone before the look.
 Exit codes: 0 kept, promoted or not yet decided, 3 rolled back or canary stopped,
-1 failed."""
+1 failed, 2 published.json cannot be used."""
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from .console import setup_logging
     from nightshift.publish.publish import PublishError, rollback
+    from nightshift.publish.registry import RegistryError
     from nightshift.publish.vllm_client import VLLMError
 
     setup_logging("warning")
@@ -173,6 +197,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         kw = s.kwargs()
         kw.pop("mode")  # the version's own publication says how it was served
         result = rollback(args.checkpoints, s.vllm_url, **kw)
+    except RegistryError as e:
+        return _refused("rollback", e)
     except (PublishError, VLLMError) as e:
         print(f"nightshift rollback: {e}", file=sys.stderr)
         return 1
@@ -192,9 +218,10 @@ A lock keeps two runs apart; a state file (<checkpoints>/.nightly/state.json)
 lets a run that died at any stage be resumed by the next invocation, and
 nothing is ever published twice.
 
-Exit codes: 0 done (published, held back by the gate, or nothing new: see the
-report), 1 a stage failed (the next run resumes it), 2 bad settings, 75 another
-run holds the lock (try later)."""
+Exit codes: 0 done (published, held back by the gate, a canary the routing
+proxy could not take, or nothing new: see the report), 1 a stage failed (the next run resumes it), 2 bad settings or a state
+file it cannot resume from (the message says which), 75 another run holds the
+lock (try later)."""
 
 NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, train, nightly):
 

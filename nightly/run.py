@@ -9,9 +9,10 @@ checkpoint or finds the version it already wrote (tagged with the run id),
 the gate recomputes, and publishing skips what is already loaded and
 registered. Nothing is published twice.
 
-Exit codes: 0 done (published, held back by the gate, or nothing new: the
-report says which); 1 a stage failed (the next run resumes it); 2 bad settings;
-75 another nightly run holds the lock (EX_TEMPFAIL: try later).
+Exit codes: 0 done (published, held back by the gate, a canary the routing
+proxy could not take, or nothing new: the report says which); 1 a stage failed
+(the next run resumes it); 2 bad settings, or a state file this job cannot
+resume from; 75 another nightly run holds the lock (EX_TEMPFAIL: try later).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nightshift.publish import registry
+from nightshift.publish.gatelog import append_line
 from nightshift.settings import invalid, setting, validate
+from nightshift.storage import write_atomic
 from nightshift.trainer.checkpoint import is_local, read_manifest, versions
 from nightshift.trainer.config import TrainConfig
 from nightshift.publish.gate import GateSettings
 from nightshift.publish.canary import CanarySettings
-from nightshift.publish.publish import PublishSettings
+from nightshift.publish.publish import PublishSettings, RouteUnavailable
 from nightshift.publish.watch import WatchSettings
 
 log = logging.getLogger("nightshift.nightly")
@@ -105,17 +108,66 @@ def run_lock(state_dir: Path):
 
 
 def _save(state_dir: Path, state: dict) -> None:
-    tmp = state_dir / "state.json.tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, state_dir / "state.json")
+    write_atomic(state_dir / "state.json", json.dumps(state, indent=2, default=str))
+
+
+class StateError(ValueError):
+    """The run state cannot be read: the message names the file and what is wrong."""
 
 
 def _load(state_dir: Path) -> dict | None:
+    """The last run's state, checked: resuming from a state that is not what this
+    job wrote could skip a stage or publish twice, so one it cannot read is refused
+    with what is wrong and what to do, and nothing runs."""
     p = state_dir / "state.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StateError(f"{p} cannot be read ({e.strerror or e})") from None
+    try:
+        state = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "is not JSON"
+        raise StateError(f"{p} {why}: move it aside to start a fresh run (nothing was run)") from None
+    why = state_problem(state)
+    if why:
+        raise StateError(f"{p} {why}: move it aside to start a fresh run (nothing was run)")
+    return state
+
+
+def state_problem(state) -> str | None:
+    """Why a run state cannot be resumed from (None: it can)."""
+    if not isinstance(state, dict):
+        return "does not hold a run's state (a JSON object)"
+    if not isinstance(state.get("run_id"), str) or not state["run_id"]:
+        return "has no run_id"
+    if state.get("stage") not in STAGES:
+        return f"has stage {str(state.get('stage'))[:40]!r} (known: {', '.join(STAGES)})"
+    for key in ("run_date", "since"):
+        value = state.get(key)
+        if value in (None, ""):
+            continue
+        try:
+            dt.date.fromisoformat(value)
+        except (TypeError, ValueError):
+            return f"has {key} {str(value)[:40]!r}, not a date (YYYY-MM-DD)"
+    if not isinstance(state.get("resumed", 0), int) or isinstance(state.get("resumed"), bool) or state.get(
+            "resumed", 0) < 0:
+        return "has a 'resumed' count that is not a whole number"
+    if state.get("version") is not None and (not isinstance(state["version"], str) or "/" in state["version"]):
+        return "has a 'version' that is not a version folder's name"
+    for key in ("build", "watch", "train", "gate_lines", "publish_lines", "versions"):
+        value = state.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(x, str) for x in value)):
+            return f"has {key!r} that is not a list of lines"
+    for key in ("gate",):
+        if state.get(key) is not None and not isinstance(state[key], dict):
+            return f"has {key!r} that is not an object"
+    if state.get("stage") in ("gate", "publish") and not state.get("version"):
+        return f"is at stage {state['stage']} with no version to {state['stage']}"
+    return None
 
 
 def _fault(stage: str) -> None:
@@ -235,7 +287,8 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             elif state["since"]:
                 tcfg.select.since = state["since"]
             serving = _serving(checkpoints, n)
-            if n.init_from_published and serving and serving.get("mode") == "lora" and not tcfg.full_finetune:
+            if (n.init_from_published and serving and serving.get("mode") == "lora" and serving.get("checkpoint")
+                    and not tcfg.full_finetune):
                 tcfg.init_adapter = serving["checkpoint"]
             version = _version_tagged(checkpoints, state["run_id"])
             next_stage = "gate"
@@ -260,7 +313,7 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
         if state["stage"] == "gate":
             candidate = f"{checkpoints}/{state['version']}"
             serving = _serving(checkpoints, n)
-            published = serving["checkpoint"] if serving else None
+            published = serving.get("checkpoint") if serving else None
             if not n.gate.enabled:
                 state["gate"] = None
                 state["gate_lines"] = ["gate: disabled (nightly.gate.enabled: false)"]
@@ -289,13 +342,23 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             elif n.canary.share > 0:
                 from nightshift.publish import canary
 
-                state["publish_lines"] = canary.start(candidate, checkpoints, n, n.canary, train_cfg.served_name())
+                try:
+                    state["publish_lines"] = canary.start(candidate, checkpoints, n, n.canary,
+                                                          train_cfg.served_name())
+                except RouteUnavailable as e:
+                    # nothing was loaded or recorded: the next night trains afresh rather than wait on the proxy
+                    state["publish_lines"] = [str(e)]
+                    state["published"] = False
             else:
                 result = publish(candidate, n.vllm_url, **{**n.kwargs(), "base_model": n.base_model or train_cfg.base_model})
                 state["publish_lines"] = result.lines()
-            state["published"] = True
-            state["outcome"] = (f"published {state['version']} as a canary ({100 * n.canary.share:.0f} % of "
-                                "conversations)" if n.canary.share > 0 else f"published {state['version']}")
+            if state.get("published") is False:
+                state["outcome"] = (f"not published: {state['version']} could not start as a canary (the routing "
+                                    "proxy could not be used; nothing was loaded or recorded)")
+            else:
+                state["published"] = True
+                state["outcome"] = (f"published {state['version']} as a canary ({100 * n.canary.share:.0f} % of "
+                                    "conversations)" if n.canary.share > 0 else f"published {state['version']}")
             _fault("publish")
             state["stage"] = "report"
             _save(state_dir, state)
@@ -307,8 +370,7 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             history = report.read_history(hist_path)
             if not any(h["run_id"] == state["run_id"] for h in history):
                 entry = report.history_entry(state)
-                with open(hist_path, "a") as f:
-                    f.write(json.dumps(entry) + "\n")
+                append_line(hist_path, entry)
                 history.append(entry)
             state["versions"] = report.versions_lines(transform_cfg.data, checkpoints=checkpoints)
             md, png = report.write(state, history, transform_cfg.data, reports, checkpoints=checkpoints)

@@ -4,12 +4,15 @@ judged it: the watch (publish/watch.py) then promotes it to all traffic or stops
 it. Agents are not changed: they ask for the stable name, and the proxy sends
 each conversation, stickily, to one version or the other.
 
-Every step goes through the same verified paths as a whole-traffic publish: the
-candidate is loaded under its versioned name (`agent@v0004`) and checked like any
-publication, the route is written to the proxy (which persists it before it
-answers), and `published.json` records a `canary` entry and, at the end, a
-`canary_end` with the outcome (`promoted`, `stopped` when worse, `expired`). Each step is safe to repeat, so a run killed
-half-way is finished by the next look.
+Every step goes through the same verified paths as a whole-traffic publish
+(publish/change.py): the proxy is asked for its route before anything moves, the
+candidate is loaded under its versioned name (`agent@v0004`) and checked like
+any publication, the route is written to the proxy (which persists it before it
+answers), and only then does `published.json` record a `canary` entry; at the
+end, a `canary_end` with the outcome (`promoted`, `stopped` when worse,
+`expired`). A canary the proxy cannot route is never recorded and its adapter
+never left loaded, so it cannot hold up the next night's training. A run killed
+between two steps is finished or undone by the next command (publish/recover.py).
 
 Without a canary running the proxy has no route for the stable name: requests
 pass through to the server, where the stable name serves the serving version.
@@ -23,13 +26,15 @@ import datetime as dt
 import logging
 from dataclasses import dataclass
 
-from nightshift.route.client import RouteClient
+from nightshift.route.client import RouteClient, RouteError
 from nightshift.settings import setting
 
 from . import registry
-from .publish import PublishError, publish
-from .versions import BASE
-from .vllm_client import VLLMClient, VLLMError
+from .change import Change, PublishError, route_of, run
+from .publish import RouteMove, publish
+from .recover import reconcile
+from .registry import BASE
+from .vllm_client import VLLMClient
 
 log = logging.getLogger("nightshift.publish.canary")
 
@@ -67,62 +72,83 @@ def _client(canary: CanarySettings) -> RouteClient:
     return RouteClient(canary.route_url, canary.route_token)
 
 
+def _reconcile(checkpoints: str, settings, client: RouteClient | None) -> list[str]:
+    return reconcile(checkpoints, api_key=settings.api_key, timeout=settings.timeout, retries=settings.retries,
+                     route=client)
+
+
 def start(checkpoint: str, checkpoints: str, settings, canary: CanarySettings, base_name: str,
           **publish_kw) -> list[str]:
     """Load `checkpoint` beside what serves and send it `canary.share` of the
     conversations that ask for the stable name. `settings`: `PublishSettings`;
     `base_name`: the base model's name on the server (what serves when no version
-    does)."""
+    does). The proxy is asked for its route before anything is loaded: when it
+    cannot be reached (or refuses the token), nothing is loaded or recorded
+    (`RouteUnavailable`), and when it fails later the candidate is unloaded again,
+    so no canary is ever recorded that the proxy does not route."""
+    client = _client(canary)
     endpoint = settings.vllm_url.rstrip("/")
-    now = registry.serving(registry.read(checkpoints), endpoint, settings.name)
+    repaired = _reconcile(checkpoints, settings, client)
+    entries = registry.read(checkpoints)
+    running = registry.canary(entries, endpoint, settings.name)
+    if running is not None:
+        raise PublishError(f"canary {running['version']} is still running on {endpoint}: one experiment at a time "
+                           "(the watch stops or promotes it)")
+    now = registry.serving(entries, endpoint, settings.name)
     serving_name, serving_version = (now["name"], now["version"]) if now else (base_name, BASE)
     stable = _stable(settings)
     res = publish(checkpoint, settings.vllm_url, **{**settings.kwargs(), **publish_kw,
                                                     "canary": {"share": canary.share, "route": canary.route_url,
                                                                "serving": serving_version,
-                                                               "serving_name": serving_name, "stable": stable}})
-    _client(canary).set(stable, serving_name, res.lora_name, canary.share)
+                                                               "serving_name": serving_name, "stable": stable},
+                                                    "route": RouteMove(client, stable, serving_name, canary.share)})
     log.warning("canary: %s takes %.0f %% of the conversations asking for %r (the rest: %s)", res.lora_name,
                 100 * canary.share, stable, serving_name)
-    return [f"canary: {res.version} as {res.lora_name!r} takes {100 * canary.share:.0f} % of the conversations "
+    return [*repaired, *res.repaired,
+            f"canary: {res.version} as {res.lora_name!r} takes {100 * canary.share:.0f} % of the conversations "
             f"asking for {stable!r} through {canary.route_url}; {serving_name} keeps the rest",
-            *("  " + x for x in res.lines()[1:])]
+            *("  " + x for x in res.lines()[len(res.repaired) + 1:])]
 
 
-def _end(checkpoints: str, entry: dict, outcome: str, why: str) -> None:
-    registry.append(checkpoints, {"version": entry["version"], "name": entry["name"], "endpoint": entry["endpoint"],
-                                  "role": "canary_end", "outcome": outcome, "why": why, "time": _now()})
+def _end_entry(entry: dict, outcome: str, why: str) -> dict:
+    return {"version": entry["version"], "name": entry["name"], "endpoint": entry["endpoint"], "role": "canary_end",
+            "outcome": outcome, "why": why, "time": _now()}
 
 
 def stop(entry: dict, checkpoints: str, settings, canary: CanarySettings, why: str,
          outcome: str = "stopped") -> list[str]:
     """Every conversation back to the serving version, the candidate unloaded, and
     the registry told: `stopped` (production judged it worse, so nothing returns
-    to it) or `expired` (production could not tell)."""
+    to it) or `expired` (production could not tell). The proxy is asked first: a
+    stop it cannot route changes nothing."""
     stable = entry.get("stable") or _stable(settings)
     client = _client(canary)
-    if entry.get("serving") == BASE:
-        client.set(stable, entry["serving_name"])  # the server has no adapter under the stable name yet
-    else:
-        client.delete(stable)  # the stable name on the server serves the serving version
+    repaired = _reconcile(checkpoints, settings, client)
+    if registry.canary(registry.read(checkpoints), entry["endpoint"], settings.name) != entry:
+        return [*repaired, f"canary {entry['version']} already ended"]
     try:
-        VLLMClient(settings.vllm_url, settings.api_key, timeout=settings.timeout, retries=settings.retries
-                   ).unload_lora(entry["name"])
-    except VLLMError as e:
-        if e.status != 404:  # already gone is what we wanted; anything else is said, not fatal
-            log.warning("canary %s: could not unload it: %s", entry["name"], e)
-    _end(checkpoints, entry, outcome, why)
+        before = route_of(client.get(stable))
+    except RouteError as e:
+        raise PublishError(f"canary {entry['version']} not {outcome}: {e}; nothing was changed") from None
+    # the server has no adapter under the stable name while the base serves: the route holds it then
+    want = {"serving": entry["serving_name"], "candidate": None, "share": 0.0} if entry.get("serving") == BASE else None
+    c = Change("canary_stop", entry["endpoint"], [_end_entry(entry, outcome, why)],
+               route={"url": client.url, "stable": stable, "before": before, "want": want}, unload=entry["name"])
+    run(c, checkpoints, VLLMClient(entry["endpoint"], settings.api_key, timeout=settings.timeout,
+                                   retries=settings.retries), client)
     log.warning("canary %s %s: %s", entry["name"], outcome, why)
-    return [f"canary {outcome}: {entry['version']} ({why}); every conversation back on {entry['serving_name']}"]
+    return [*repaired,
+            f"canary {outcome}: {entry['version']} ({why}); every conversation back on {entry['serving_name']}"]
 
 
 def promote(entry: dict, checkpoints: str, settings, canary: CanarySettings, why: str, **publish_kw) -> list[str]:
     """The candidate to all traffic: published as any version (the stable name moves
-    to it, verified), then the route removed so the stable name passes through."""
+    to it, verified), the route removed so the stable name passes through, and the
+    canary's end recorded with the publication, in one commit."""
     stable = entry.get("stable") or _stable(settings)
-    res = publish(entry["checkpoint"], settings.vllm_url, **{**settings.kwargs(), **publish_kw})
-    _client(canary).delete(stable)
-    _end(checkpoints, entry, "promoted", why)
+    res = publish(entry.get("checkpoint") or "", settings.vllm_url,
+                  **{**settings.kwargs(), **publish_kw, "route": RouteMove(_client(canary), stable),
+                     "also": [_end_entry(entry, "promoted", why)]})
     log.warning("canary %s promoted: %s", entry["name"], why)
-    return [f"canary promoted: {entry['version']} now serves every conversation ({why})",
-            *("  " + x for x in res.lines())]
+    return [*res.repaired, f"canary promoted: {entry['version']} now serves every conversation ({why})",
+            *("  " + x for x in res.lines()[len(res.repaired):])]

@@ -8,8 +8,12 @@ as `<name>@<version>` (and, optionally, under a stable name moved by unload +
 load: never `load_inplace`, which makes vLLM re-read the adapter every step),
 verified with GET /v1/models and one chat completion, then written to the
 registry; versions beyond `keep` are unloaded. Publishing again what is already
-loaded and registered changes nothing, so a run killed half-way can simply be
-repeated.
+loaded and registered changes nothing.
+
+Everything is read and checked before the server is touched, and the change is
+recorded as pending in the registry first (publish/change.py): a run killed at
+any step leaves it there, and the next command finishes or undoes it
+(publish/recover.py), so the server and the registry agree again.
 
 Full weights (`mode="full"`): merged, then reloaded in place with vLLM's dev-mode
 `/collective_rpc reload_weights` and `/reset_prefix_cache`. Production without
@@ -32,7 +36,12 @@ from pathlib import Path
 from nightshift.settings import setting
 from nightshift.trainer.checkpoint import MANIFEST, fetch, is_local, read_manifest, vllm_problems
 
+from nightshift.route.client import RouteClient, RouteError
+
 from . import registry
+from .change import Change, Outcome, PublishError, RouteUnavailable, apply, models, route_of, run
+from .recover import reconcile
+from .registry_check import VERSION
 from .vllm_client import VLLMClient, VLLMError
 
 log = logging.getLogger("nightshift.publish")
@@ -41,8 +50,7 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_mo
                  "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-class PublishError(RuntimeError):
-    pass
+__all__ = ["PublishError", "PublishResult", "PublishSettings", "RouteMove", "RouteUnavailable", "publish", "rollback"]
 
 
 @dataclass
@@ -59,10 +67,11 @@ class PublishResult:
     unloaded: list[str] = field(default_factory=list)
     rollback_of: str = ""
     stable_gap: float = 0.0  # seconds the stable name was unloaded while it moved
+    repaired: list[str] = field(default_factory=list)  # what an interrupted earlier change needed (publish/recover.py)
 
     def lines(self) -> list[str]:
         what = f"rolled back from {self.rollback_of} to" if self.rollback_of else "published"
-        out = [f"{what} {self.version} as {self.lora_name!r} on {self.endpoint} ({self.mode}, {self.seconds:.1f} s)",
+        out = [*self.repaired, f"{what} {self.version} as {self.lora_name!r} on {self.endpoint} ({self.mode}, {self.seconds:.1f} s)",
                f"  adapter path: {self.path}"]
         if self.stable_name:
             gap = f" (absent for {1000 * self.stable_gap:.0f} ms while it moved)" if self.stable_gap else ""
@@ -151,104 +160,130 @@ class PublishSettings:
         return {f.name: getattr(self, f.name) for f in fields(PublishSettings) if f.name != "vllm_url"}
 
 
+@dataclass
+class RouteMove:
+    """The routing proxy's route for `stable`, changed as the last step before the
+    registry commits: to `serving` plus the version published at `share` (a
+    canary start), or deleted (`share` None: a promotion, after which the stable
+    name passes through to the server)."""
+
+    client: RouteClient
+    stable: str
+    serving: str = ""
+    share: float | None = None
+
+    def want(self, lora_name: str) -> dict | None:
+        return None if self.share is None else {"serving": self.serving, "candidate": lora_name, "share": self.share}
+
+
+def _manifest(checkpoint: str, storage_options: dict | None) -> dict:
+    try:
+        manifest = read_manifest(checkpoint, storage_options)
+    except FileNotFoundError:
+        raise PublishError(f"{checkpoint} is not a checkpoint version (no {MANIFEST})") from None
+    except (ValueError, OSError) as e:  # not JSON, not UTF-8, a folder
+        raise PublishError(f"{checkpoint}/{MANIFEST} cannot be read ({e})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("version"), str) or not VERSION.match(
+            manifest["version"]):
+        raise PublishError(f"{checkpoint}/{MANIFEST} names no version (a 'version' like v0003)")
+    return manifest
+
+
+def _route_before(route: RouteMove | None, what: str) -> dict | None:
+    """The proxy's route now: read before anything moves, which also proves the
+    proxy answers and takes the token."""
+    if route is None:
+        return None
+    try:
+        return route_of(route.client.get(route.stable))
+    except RouteError as e:
+        raise RouteUnavailable(f"{what}: {e}; nothing was loaded, moved or recorded") from None
+
+
 def publish(checkpoint: str, vllm_url: str, *, name: str = "policy", api_key: str = "", stable_name: str = "",
             adapter_root: str = "", keep: int = 3, mode: str = "lora", max_lora_rank: int = 0, base_model: str = "",
             storage_options: dict | None = None, rollback_of: str = "", timeout: float = 30.0,
-            retries: int = 4, canary: dict | None = None) -> PublishResult:
+            retries: int = 4, canary: dict | None = None, route: RouteMove | None = None,
+            also: list[dict] | None = None) -> PublishResult:
     """`canary`: load the version under its versioned name only, beside what serves
     (the stable name does not move), and register it as a canary with these
-    fields (publish/canary.py sends it its share of the traffic)."""
+    fields. `route`: the proxy's route moved as the last step (a canary start sends
+    the candidate its share; a promotion deletes the route). `also`: entries the
+    registry records with this one (a promotion's `canary_end`).
+
+    Everything is read and checked before the server is touched: the registry (a
+    change an earlier run left pending is finished or undone first), the
+    checkpoint, the adapter against vLLM's rules, the server's base model, the
+    proxy's route. Then the change's steps run in order (publish/change.py) and
+    the registry commits only after the server has verified it."""
     t0 = time.perf_counter()
     if canary is not None:
         if mode != "lora":
             raise PublishError("a canary is an adapter loaded beside the serving version: it needs mode lora")
         stable_name = ""
+    op = "canary_start" if canary is not None else "canary_promote" if route is not None else "publish"
     client = VLLMClient(vllm_url, api_key, timeout=timeout, retries=retries)
     endpoint = vllm_url.rstrip("/")
     ckpts = checkpoints_of(checkpoint)
+    repaired = reconcile(ckpts, api_key=api_key, timeout=timeout, retries=retries,
+                         route=route.client if route else None, storage_options=storage_options)
+    entries = registry.read(ckpts, storage_options)
     if not is_local(checkpoint) and not adapter_root:
         raise PublishError("the checkpoint is on an object store: give --adapter-root, a folder the server can read, "
                            "to copy it to")
-    try:
-        manifest = read_manifest(checkpoint, storage_options)
-    except FileNotFoundError:
-        raise PublishError(f"{checkpoint} is not a checkpoint version (no {MANIFEST})") from None
+    manifest = _manifest(checkpoint, storage_options)
     version = manifest["version"]
     lora_name = f"{name}@{version}"
+    route_before = _route_before(route, "canary not started" if canary is not None else f"{version} not promoted")
     local = fetch(checkpoint, Path(adapter_root or ".") / f".fetch-{version}", storage_options)
     try:
         if mode == "full":
             return _publish_full(client, checkpoint, local, manifest, ckpts, endpoint, base_model, adapter_root,
-                                 storage_options, rollback_of, t0)
+                                 storage_options, rollback_of, t0, entries, repaired)
         if manifest.get("kind") != "lora":
             raise PublishError(f"{checkpoint} holds full weights: publish it with --mode full")
-        problems = vllm_problems(local, max_lora_rank or None)
+        problems = _adapter_config_problem(local) or vllm_problems(local, max_lora_rank or None)
         if problems:
             raise PublishError("vLLM would refuse this adapter: " + "; ".join(problems))
         _check_base(client, local)
         path = _place(local, adapter_root, lora_name) if adapter_root else str(local.resolve())
-        loaded = {m["id"]: m for m in client.models()}
-        already = lora_name in loaded and loaded[lora_name].get("root") == path
-        if not already:
-            _load_fresh(client, lora_name, path, lora_name in loaded)
-        gap = 0.0
-        if stable_name and (stable_name not in loaded or loaded[stable_name].get("root") != path):
-            gap = _load_fresh(client, stable_name, path, stable_name in loaded)
-        if not already or gap:
-            _reset_prefix_cache(client)
-        served = {m["id"] for m in client.models()}
-        missing = [n for n in (lora_name, stable_name) if n and n not in served]
-        if missing:
-            raise PublishError(f"the server accepted the load but GET /v1/models does not list {missing}")
-        sample = client.chat(lora_name)["choices"][0]["message"].get("content") or ""
-        entries = registry.read(ckpts, storage_options)
+        loaded = models(client)
+        before = {n: (loaded.get(n) or {}).get("root") for n in (lora_name, stable_name) if n}
         last = (registry.canary(entries, endpoint, name) if canary is not None
-                else registry.last(entries, endpoint))
-        registered = already and last is not None and last.get("name") == lora_name and last.get("path") == path
-        if not registered:  # publishing what is already loaded and registered changes nothing
-            registry.append(ckpts, {"version": version, "name": lora_name, "stable_name": stable_name or None,
-                                    "path": path, "endpoint": endpoint, "mode": "lora", "checkpoint": checkpoint,
-                                    "rollback_of": rollback_of or None,
-                                    **({"role": "canary", **canary} if canary is not None else {})}, storage_options)
+                else registry.serving(entries, endpoint, name))
+        registered = last is not None and last.get("name") == lora_name and last.get("path") == path
+        entry = {"version": version, "name": lora_name, "stable_name": stable_name or None, "path": path,
+                 "endpoint": endpoint, "mode": "lora", "checkpoint": checkpoint, "rollback_of": rollback_of or None,
+                 **({"role": "canary", **canary} if canary is not None else {})}
+        c = Change(op, endpoint, [entry, *(also or [])], lora_name, path, stable_name, "lora", before,
+                   None if route is None else {"url": route.client.url, "stable": route.stable,
+                                               "before": route_before, "want": route.want(lora_name)})
+        if registered and route is None and all(p == path for p in before.values()):
+            out = Outcome()  # published, loaded and registered already: verified as it is, nothing changed
+            apply(c, "verified", client, None, out)
+        else:
+            out, _ = run(c, ckpts, client, route.client if route else None, storage_options)
         keep_loaded = {lora_name}
         if canary is not None:  # what serves beside the canary stays loaded, whatever `keep` says
             keep_loaded.add(str((registry.serving(entries, endpoint, name) or {}).get("name")))
-        unloaded = _prune(client, name, keep, served - keep_loaded)
-        return PublishResult(version, lora_name, path, endpoint, "lora", time.perf_counter() - t0, sample,
-                             stable_name, already, unloaded, rollback_of, gap)
+        unloaded = _prune(client, name, keep, out.served - keep_loaded)
+        return PublishResult(version, lora_name, path, endpoint, "lora", time.perf_counter() - t0, out.sample,
+                             stable_name, before.get(lora_name) == path, unloaded, rollback_of, out.stable_gap,
+                             repaired)
     finally:
         if not is_local(checkpoint):
             shutil.rmtree(local, ignore_errors=True)
 
 
-def _load_fresh(client: VLLMClient, name: str, path: str, loaded: bool) -> float:
-    """Load `name` from `path` as a new adapter, never with `load_inplace: true`
-    (vLLM then re-reads the adapter from disk on every model step: vllm issue
-    33791): a name already loaded is unloaded first. Returns the seconds the name
-    was absent (0 when it was not loaded), the window in which a request for it
-    is answered 404 and an OpenAI client retries."""
-    if not loaded:
-        client.load_lora(name, path, load_inplace=False)
-        return 0.0
-    t = time.perf_counter()
+def _adapter_config_problem(adapter_dir: Path) -> list[str]:
+    """adapter_config.json must be a JSON object before anything reads its keys."""
     try:
-        client.unload_lora(name)
-    except VLLMError as e:
-        if e.status != 404:  # already gone is what we wanted
-            raise
-    client.load_lora(name, path, load_inplace=False)
-    return time.perf_counter() - t
-
-
-def _reset_prefix_cache(client: VLLMClient) -> None:
-    """After adapters change, drop cached prefixes (vllm issue 42125). The route
-    exists only in vLLM's dev mode; without it a freshly loaded adapter has a new
-    id, which its cache keys on, so nothing stale can be served."""
-    try:
-        client.reset_prefix_cache()
-    except VLLMError as e:
-        if e.status != 404:
-            log.warning("POST /reset_prefix_cache failed: %s", e)
+        conf = json.loads((adapter_dir / "adapter_config.json").read_bytes())
+    except FileNotFoundError:
+        return ["no adapter_config.json"]
+    except (ValueError, OSError) as e:
+        return [f"adapter_config.json unreadable: {e}"]
+    return [] if isinstance(conf, dict) else ["adapter_config.json is not a JSON object"]
 
 
 def _prune(client: VLLMClient, name: str, keep: int, others: set[str]) -> list[str]:
@@ -267,7 +302,7 @@ def _prune(client: VLLMClient, name: str, keep: int, others: set[str]) -> list[s
 
 
 def _publish_full(client, checkpoint, local: Path, manifest, ckpts, endpoint, base_model, adapter_root,
-                  storage_options, rollback_of, t0) -> PublishResult:
+                  storage_options, rollback_of, t0, entries, repaired) -> PublishResult:
     version = manifest["version"]
     if manifest.get("kind") == "full":
         weights = str(local.resolve())
@@ -278,23 +313,19 @@ def _publish_full(client, checkpoint, local: Path, manifest, ckpts, endpoint, ba
         if not (dest / "config.json").exists():
             merge(local, dest, base_model)
         weights = str(dest.resolve())
-    try:
-        client.reload_weights(weights)
-        client.reset_prefix_cache()
-    except VLLMError as e:
-        if e.status == 404:
-            raise PublishError(
-                "the server has no /collective_rpc: in-place weight reloads need vLLM started with "
-                "VLLM_SERVER_DEV_MODE=1 (keep those routes private: --api-key does not guard them). Without dev mode, "
-                f"start a second server on {weights} and switch traffic to it (blue-green).") from None
-        raise
-    base = next((m["id"] for m in client.models() if not m.get("parent")), "")
-    sample = client.chat(base)["choices"][0]["message"].get("content") or ""
-    registry.append(ckpts, {"version": version, "name": base, "stable_name": None, "path": weights,
-                            "endpoint": endpoint, "mode": "full", "checkpoint": checkpoint,
-                            "rollback_of": rollback_of or None}, storage_options)
-    return PublishResult(version, base, weights, endpoint, "full", time.perf_counter() - t0, sample,
-                         rollback_of=rollback_of)
+    bases = [m for m in client.models() if not m.get("parent")]
+    if not bases:
+        raise PublishError(f"{client.url} lists no base model (GET /v1/models): nothing to reload weights into")
+    base = str(bases[0]["id"])
+    served = next((e for e in reversed(entries) if e.get("endpoint") == endpoint and e.get("mode") == "full"
+                   and e.get("role") is None), None)
+    before = {base: (served or {}).get("path") or bases[0].get("root")}
+    entry = {"version": version, "name": base, "stable_name": None, "path": weights, "endpoint": endpoint,
+             "mode": "full", "checkpoint": checkpoint, "rollback_of": rollback_of or None}
+    c = Change("publish", endpoint, [entry], base, weights, "", "full", before)
+    out, _ = run(c, ckpts, client, None, storage_options)
+    return PublishResult(version, base, weights, endpoint, "full", time.perf_counter() - t0, out.sample,
+                         rollback_of=rollback_of, repaired=repaired)
 
 
 def rollback(checkpoints: str, vllm_url: str, *, name: str = "policy", **kw) -> PublishResult:
@@ -303,7 +334,11 @@ def rollback(checkpoints: str, vllm_url: str, *, name: str = "policy", **kw) -> 
     a canary stopped: going back to it would undo that judgement): one deleted
     from disk is skipped (and logged), and when every older one is gone it
     refuses, naming the missing folders, before touching the server or the
-    registry. Canaries never count as having served."""
+    registry. Canaries never count as having served. A change an earlier run left
+    pending is finished or undone first, so the version rolled back is the one
+    that really serves."""
+    repaired = reconcile(checkpoints, api_key=kw.get("api_key", ""), timeout=kw.get("timeout", 30.0),
+                         retries=kw.get("retries", 4), storage_options=kw.get("storage_options"))
     entries = registry.read(checkpoints, kw.get("storage_options"))
     endpoint = vllm_url.rstrip("/")
     mine = [e for e in registry.lane(entries, endpoint, name) if e.get("role") not in registry.CANARY_ROLES]
@@ -327,14 +362,17 @@ def rollback(checkpoints: str, vllm_url: str, *, name: str = "policy", **kw) -> 
     for target in reversed(older):
         folder = f"{checkpoints.rstrip('/')}/{target}"
         try:
-            read_manifest(folder, kw.get("storage_options"))
-        except FileNotFoundError:
+            _manifest(folder, kw.get("storage_options"))
+        except PublishError as e:  # deleted, or its manifest unreadable: not a version to go back to
             missing.append(folder)
+            log.warning("rollback of %s: %s", now, e)
             continue
         if missing:
             log.warning("rollback of %s: skipping %s (deleted from disk) for %s", now, ", ".join(missing), target)
         mode = next(e["mode"] for e in reversed(mine) if e["version"] == target)
-        return publish(folder, vllm_url, name=name, rollback_of=now, mode=mode, **kw)
+        res = publish(folder, vllm_url, name=name, rollback_of=now, mode=mode, **kw)
+        res.repaired = repaired + res.repaired
+        return res
     raise PublishError(f"cannot roll back {now} on {endpoint}: every older version's folder has been deleted "
                        f"({', '.join(missing)}: no {MANIFEST}); nothing was changed, {now} still serves. Restore one "
                        "of them or publish another version")

@@ -43,7 +43,6 @@ Two comparisons, one test:
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -51,12 +50,14 @@ from dataclasses import dataclass
 import fsspec
 import polars as pl
 
+from nightshift.route.client import RouteClient
 from nightshift.settings import setting
 from nightshift.trainer.checkpoint import MANIFEST
 
 from . import canary as canaries
-from . import registry
+from . import gatelog, registry
 from .publish import rollback
+from .recover import reconcile
 from .versions import BASE, NoTransitions, calls, trajectory_rewards
 
 log = logging.getLogger("nightshift.publish.watch")
@@ -158,12 +159,11 @@ def serving_and_before(entries: list[dict], endpoint: str, name: str) -> tuple[d
 
 def _record(checkpoints: str, v: Verdict, alpha: float, action: str, **extra) -> None:
     v.action = action
-    entry = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "kind": "watch",
-             "candidate": v.candidate, "baseline": v.baseline, "decision": v.decision, "diff": v.diff,
-             "low": v.low, "high": v.high, "p_value": v.p_value, "n_candidate": v.n_candidate,
-             "n_baseline": v.n_baseline, "alpha": alpha, "why": v.why, "action": action, **extra}
-    with open(f"{checkpoints.rstrip('/')}/gate-log.jsonl", "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    gatelog.append(checkpoints, {
+        "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "kind": "watch",
+        "candidate": v.candidate, "baseline": v.baseline, "decision": v.decision, "diff": v.diff, "low": v.low,
+        "high": v.high, "p_value": v.p_value, "n_candidate": v.n_candidate, "n_baseline": v.n_baseline,
+        "alpha": alpha, "why": v.why, "action": action, **extra})
 
 
 def _exists(checkpoint: str) -> bool:
@@ -185,13 +185,35 @@ def watch(data: str, checkpoints: str, settings, watching: WatchSettings | None 
     """Judge what production has said since the last look, and act on it: stop or
     promote a running canary, or roll back a serving version worse than the one
     before it (the verified publish path). Every decision is recorded in
-    `<checkpoints>/gate-log.jsonl`. `settings`: a `PublishSettings`."""
+    `<checkpoints>/gate-log.jsonl`. `settings`: a `PublishSettings`.
+
+    The registry is read whole first: one it cannot use is refused
+    (`registry.RegistryError`), since every decision here could move the server.
+    A change an earlier run left pending is finished or undone before the look
+    (a dry run only says so)."""
     w = watching or WatchSettings()
-    entries = registry.read(checkpoints)
+    c = canary or canaries.CanarySettings()
+    doc = registry.load(checkpoints)
+    pre: list[str] = []
+    if doc.pending is not None and act:
+        pre = reconcile(checkpoints, api_key=settings.api_key, timeout=settings.timeout, retries=settings.retries,
+                        route=RouteClient(c.route_url, c.route_token) if c.route_url else None)
+        doc = registry.load(checkpoints)
+    elif doc.pending is not None:
+        pre = [f"{registry.path_of(checkpoints)} records an interrupted change ({doc.pending.get('op')}) as pending: "
+               "the next watch without --dry-run, publish or rollback finishes or undoes it"]
+    entries = doc.entries
     trial = registry.canary(entries, settings.vllm_url, settings.name)
     if trial is not None:
-        return _watch_canary(data, checkpoints, settings, w, canary or canaries.CanarySettings(), trial, act,
-                             now or dt.datetime.now(dt.timezone.utc), publish_kw)
+        v, out = _watch_canary(data, checkpoints, settings, w, c, trial, act, now or dt.datetime.now(dt.timezone.utc),
+                               publish_kw, entries)
+        return v, pre + out
+    v, out = _watch_serving(data, checkpoints, settings, w, entries, act, publish_kw)
+    return v, pre + out
+
+
+def _watch_serving(data: str, checkpoints: str, settings, w: WatchSettings, entries: list[dict], act: bool,
+                   publish_kw: dict) -> tuple[Verdict | None, list[str]]:
     now_entry, before = serving_and_before(entries, settings.vllm_url, settings.name)
     if now_entry is None:
         return None, [f"nothing to compare: {settings.name!r} on {settings.vllm_url} has no publication "
@@ -243,11 +265,14 @@ def canary_action(v: Verdict, hours: float, w: WatchSettings, c: canaries.Canary
 
 
 def _watch_canary(data: str, checkpoints: str, settings, w: WatchSettings, c: canaries.CanarySettings, trial: dict,
-                  act: bool, now: dt.datetime, publish_kw: dict) -> tuple[Verdict | None, list[str]]:
+                  act: bool, now: dt.datetime, publish_kw: dict,
+                  entries: list[dict]) -> tuple[Verdict | None, list[str]]:
     cand, base = trial["version"], trial.get("serving") or BASE
     started = _time(trial["time"])
     hours = (now - started).total_seconds() / 3600
-    if base == cand:  # promoted by a run that died before it closed the canary: finish the job
+    serving = registry.serving(entries, settings.vllm_url, settings.name)
+    if serving is not None and serving.get("version") == cand and _time(serving["time"]) >= started:
+        # promoted by a release that recorded the publication apart from the canary's end: close it as promoted
         v = Verdict("better", cand, base, 0, 0, None, 1.0, f"{cand} already serves: its canary is closed")
         return v, canaries.promote(trial, checkpoints, settings, c, v.why, **publish_kw) if act else [v.why]
     try:

@@ -249,3 +249,54 @@ def test_a_canary_whose_folder_was_deleted_is_ended_not_promoted(tmp_path):
         assert (route["serving"], route["candidate"]) == ("world-policy", None)  # every conversation on the base
     finally:
         proxy.stop()
+
+
+def test_a_canary_whose_version_already_serves_is_closed_as_promoted_not_judged(tmp_path, monkeypatch):
+    """A registry left by a promotion that recorded the publication but died before the
+    canary's end (what publishing did before the two were one commit): the canary's
+    version serves every conversation. Judging it again as a canary could stop it,
+    unloading the adapter that serves; the watch closes it as promoted instead."""
+    from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.publish import publish
+    from nightshift.publish.watch import watch
+    from nightshift.route.client import RouteClient
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "hardening"))
+    from vllm_standin import Standin, fake_adapter
+
+    routes: dict = {"agent": {"serving": "agent@v0001", "candidate": "agent@v0002", "share": 0.5}}
+    monkeypatch.setattr(RouteClient, "get", lambda self, name: routes.get(name))  # the proxy's control API, stood in
+    monkeypatch.setattr(RouteClient, "delete", lambda self, name: routes.pop(name, None))
+    monkeypatch.setattr(RouteClient, "set", lambda self, name, s, c=None, share=0.0: routes.update(
+        {name: {"serving": s, "candidate": c, "share": share}}))
+    server = Standin()
+    try:
+        ck = tmp_path / "ck"
+        for v in ("v0001", "v0002"):
+            fake_adapter(ck / v, v)
+        kw = dict(name="agent", stable_name="agent", retries=0)
+        publish(str(ck / "v0001"), server.url, **kw)
+        started = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+        registry.append(str(ck), {"version": "v0002", "name": "agent@v0002", "endpoint": server.url, "mode": "lora",
+                                  "path": str(ck / "v0002"), "checkpoint": str(ck / "v0002"), "role": "canary",
+                                  "share": 0.5, "route": "http://proxy", "serving": "v0001",
+                                  "serving_name": "agent@v0001", "stable": "agent", "time": started.isoformat()})
+        publish(str(ck / "v0002"), server.url, **kw)  # the promotion's publication, then the run died
+        rng = random.Random(3)
+        rows = []
+        for i in range(150):  # production says v0002 is worse: judged as a canary, it would be stopped
+            for v, p, k in (("v0001", 0.8, i), ("v0002", 0.3, 5000 + i)):
+                r = row(f"task {k}", "a", 1.0 if rng.random() < p else 0.0, trajectory=f"{k:032x}",
+                        when=started + dt.timedelta(minutes=i))
+                rows.append({**r, "policy_version": v})
+        write(tmp_path / "data", rows)
+        n = NightlyConfig(vllm_url=server.url, name="agent", stable_name="agent", retries=0)
+        n.canary.route_url = "http://proxy"
+        v, out = watch(str(tmp_path / "data"), str(ck), n, n.watch, n.canary)
+        assert v.decision == "better" and "already serves" in v.why and "canary promoted: v0002" in "\n".join(out), out
+        assert server.adapters["agent"] == server.adapters["agent@v0002"] == str(ck / "v0002")  # nothing unloaded
+        end = registry.read(str(ck))[-1]
+        assert (end["role"], end["version"], end["outcome"]) == ("canary_end", "v0002", "promoted")
+        assert "agent" not in routes  # the stable name passes through to the server, where v0002 serves
+    finally:
+        server.close()
