@@ -180,3 +180,26 @@ def route_fuzz_section(r: dict, args) -> str:
         out += ["", "Failures (first 10):", ""] + [f"- `{f['case_id']}` {f['kind']}: {f['what']}"
                                                    for f in r["failures"][:10]]
     return "\n".join(out)
+
+
+def state_fuzz_section(s, args) -> str:
+    """The state files campaign (hardening/state_fuzz.py): `s` its Summary."""
+    rows = [
+        ("cases", f"{s.cases:,} ({', '.join(f'{k} {v:,}' for k, v in sorted(s.by_target.items()))}), "
+                  f"{s.commands:,} commands and readers run on them"),
+        ("time", f"{s.wall_s:.0f} s, {s.cases / max(s.wall_s, 1e-9):,.0f} cases/s (in process, one core)"),
+        ("tracebacks (an exception out of a command, or one printed)", str(s.tracebacks)),
+        ("a broken file not refused with exit 2, or a valid one refused", str(s.wrong_exit)),
+        ("broken files refused (exit 2, one line naming the file)", f"{s.refused:,} ({s.unclear} not one such line)"),
+        ("requests to the server while the registry or state was broken", str(s.server_touched)),
+        ("broken registry or state files rewritten", str(s.file_changed)),
+        ("decisions appended after a broken gate log that did not read back", str(s.glued)),
+        ("whole nightly reports written (with the plot)", str(s.full_reports)),
+        ("slowest case", f"{s.slowest_s:.2f} s ({s.slowest})"),
+    ]
+    out = [stamp(f"python tests/hardening/state_fuzz.py --cases {args.cases} --seed {args.seed}"), "", _table(rows), "",
+           "Cases by generator: " + ", ".join(f"{k} {v:,}" for k, v in sorted(s.by_kind.items())) + "."]
+    if s.failures:
+        out += ["", "Failures (first 10):", ""] + [f"- `{f.case_id}` {f.target}:{f.kind}, {f.command}: {f.what[:200]}"
+                                                   for f in s.failures[:10]]
+    return "\n".join(out)
