@@ -69,4 +69,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 1
     for line in summary.lines():
         print(line)
+    from nightshift.transform.doctor import build_hints
+
+    for hint in build_hints(summary, cfg):  # what to change, after the counts scripts read
+        print(f"hint: {hint.what} ({hint.why})")
+        print(f"  fix: {hint.fix}")
     return 0

@@ -13,8 +13,13 @@ from .console import setup_logging
 EPILOG = """Settings come from, lowest first: built-in defaults, the YAML file given with
 --config (top-level `data:` and a `collector:` section), NIGHTSHIFT_* environment
 variables (NIGHTSHIFT_DATA, NIGHTSHIFT_COLLECTOR_TOKEN, ...), then flags.
-Agents need only OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 (gRPC) or
-http://127.0.0.1:4318 with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf."""
+Agents send to OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 (gRPC) or
+http://127.0.0.1:4318 with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, through an
+instrumentation that records their LLM calls, with its content switch on, e.g.:
+  pip install opentelemetry-distro opentelemetry-exporter-otlp opentelemetry-instrumentation-openai-v2
+  OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY opentelemetry-instrument python agent.py
+(OpenInference, OpenLLMetry, OpenLIT and frameworks' own spans are read too).
+`nightshift doctor` says what arrived and what is missing."""
 
 
 #: The YAML file's top-level keys: the shared `data:`, and the section of each stage
@@ -60,7 +65,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     store = DatasetStore(cfg.data, cfg.storage_options)
     redactor = Redactor.from_config(cfg.redact.presets, cfg.redact.rules, cfg.redact.drop_keys)
     try:
-        st = ingest(args.files, store, redactor, progress=not args.quiet)
+        st = ingest(args.files, store, redactor, progress=not args.quiet and sys.stderr.isatty())
     except FileNotFoundError as e:
         print(f"nightshift ingest: {e}", file=sys.stderr)
         return 2
@@ -141,7 +146,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"no spans under {data} yet ({e.__class__.__name__})", file=sys.stderr)
         return 1
     with pl.Config(tbl_rows=args.rows, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=160):
-        print(f"spans under {data}: {summary['spans'].sum()} in {summary['traces'].sum()} trace(s)")
+        # the per-group counts overlap (a trace has agent spans and call spans): count the traces once
+        traces = lf.select(pl.col("trace_id").n_unique()).collect().item()
+        print(f"spans under {data}: {summary['spans'].sum()} in {traces} trace(s)")
         print(summary)
         latest = (
             lf.sort("start_time", descending=True).head(args.rows)
@@ -197,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(i, CollectorConfig, "collector", collector_only)
     i.add_argument("files", nargs="+", metavar="FILE", help="files, globs or folders")
-    i.add_argument("--quiet", action="store_true", help="no progress bar")
+    i.add_argument("--quiet", action="store_true", help="no progress bar (none is drawn when stderr is not a terminal)")
     i.set_defaults(func=cmd_ingest)
 
     f = sub.add_parser(

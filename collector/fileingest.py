@@ -6,8 +6,11 @@ Formats: OTLP/JSON, one `TracesData`/`LogsData` object per line (the default), a
 (`name-<timestamp>.ext`) beside a named file are read too, oldest first. A
 half-written last line or frame (the exporter was still writing) is skipped with a
 warning. Records are validated and redacted exactly as on the network path and
-land in the same datasets with the same deduplication; a file's batch id is the
-hash of its bytes, so ingesting a file twice changes nothing.
+land in the same datasets with the same deduplication: ingesting a file twice
+changes nothing, and the second run counts its records as already stored (each
+run writes under a batch id of its own, the hash of the file's bytes and a random
+suffix, so the duplicate check sees the first run's file instead of skipping it
+as the batch being rewritten).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import glob
 import hashlib
 import logging
 import os
+import uuid
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -143,7 +147,7 @@ def ingest(paths: list[str], store: DatasetStore, redactor: Redactor, progress: 
     for path in files:
         with open(path, "rb") as fh:
             data = fh.read()
-        batch = "ingest-" + hashlib.sha256(data).hexdigest()[:24]
+        batch = f"ingest-{hashlib.sha256(data).hexdigest()[:24]}-{uuid.uuid4().hex[:8]}"
         spans_w, logs_w = store.writer("spans", batch), store.writer("logs", batch)
         sb, lb = SpanBuilder(), LogBuilder()
         received = int(os.path.getmtime(path) * 1e9)

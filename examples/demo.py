@@ -20,6 +20,7 @@ Embedded defaults only: local folders under ./nightshift-data, CPU.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -29,9 +30,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_world"))
-
-import loop  # noqa: E402
-import policy  # noqa: E402
 
 DATA = Path(os.environ.get("NIGHTSHIFT_DATA", "./nightshift-data")).resolve()
 EPISODES = int(os.environ.get("DEMO_EPISODES", "200"))
@@ -44,7 +42,30 @@ def say(step: str) -> None:
     print(f"\n[{time.strftime('%H:%M:%S')}] {step}", flush=True)
 
 
+SETTINGS = """environment:
+  NIGHTSHIFT_DATA       where everything goes (default ./nightshift-data)
+  DEMO_EPISODES         episodes per run of the agent (default 200)
+  DEMO_NIGHTS           nightly cycles (default 2)
+  DEMO_CHECK_EPISODES   fresh tasks the gate's checker plays per candidate (default 100; 0: off)
+  DEMO_POLICY_DIR       where the behaviour policy is cached (default <data>/models/world-policy)
+  DEMO_AGENT_VENV       the agent's own virtualenv (default .venv-agent), or
+  DEMO_AGENT_PYTHON     an interpreter that already has openai + the instrumentation"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Only --help: the demo's knobs are environment variables (as in `make demo`),
+    and anything else is refused before a model, a collector or a server starts."""
+    doc = (__doc__ or "").strip()
+    p = argparse.ArgumentParser(prog="demo.py", description=doc, epilog=SETTINGS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    return p.parse_args(argv)
+
+
 def main() -> int:
+    parse_args()
+    import loop
+    import policy
+
     t0 = time.time()
     logs = DATA / "logs"
     logs.mkdir(parents=True, exist_ok=True)
