@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -51,8 +50,6 @@ import polars as pl
 from nightshift.storage import write_atomic
 
 from . import scan
-
-log = logging.getLogger("nightshift.transform")
 
 STATE = "build/state.json"
 VERSION = 2
