@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .doctor_cmd import add_doctor
 
     add_doctor(sub, common)
+    from .export_cmd import add_export
+
+    add_export(sub, common)
     from .train_cmd import add_train
 
     add_train(sub, common)
