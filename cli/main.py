@@ -30,11 +30,25 @@ instrumentation that records their LLM calls, with its content switch on, e.g.:
 SECTIONS = ("data", "collector", "transform", "train", "nightly", "serve", "route")
 
 
+#: The distribution's name on the package index (`nightshift` there is another project).
+DISTRIBUTION = "nightshift-rl"
+
+
 def _version() -> str:
+    """This install's version: `nightshift-rl`, or an install from before the rename
+    (the name `nightshift`, but only when it is this project: its script is ours)."""
+    from importlib.metadata import distribution
+
     try:
-        return version("nightshift")
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        pass
+    try:
+        old = distribution("nightshift")
     except PackageNotFoundError:
         return "dev"
+    ours = any(e.value == "nightshift.cli.main:main" for e in old.entry_points)
+    return old.version if ours else "dev"
 
 
 def _collector_config(args: argparse.Namespace):
