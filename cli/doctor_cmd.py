@@ -54,6 +54,9 @@ def add_doctor(sub, common) -> None:
     common(d, TransformConfig, "transform", SETTINGS)
     d.add_argument("--hours", type=float, default=24.0, metavar="H",
                    help="look at traces that received a span in the last H hours (default 24; 0: everything)")
+    d.add_argument("--max-traces", type=int, default=2000, metavar="N",
+                   help="look at a random sample of N of the window's traces when it holds more (default 2000; "
+                        "0: all): proportions, without a day of prompts in memory")
     d.add_argument("--collector", metavar="URL", help="a running collector's HTTP address, e.g. http://127.0.0.1:4318")
     d.add_argument("--json", action="store_true", help="the report as JSON")
     d.set_defaults(func=cmd_doctor)
@@ -67,15 +70,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
     setup_logging(args.log_level or "warning")
-    if args.hours < 0:
-        print("nightshift doctor: --hours must be 0 (everything) or more", file=sys.stderr)
+    if args.hours < 0 or args.max_traces < 0:
+        print("nightshift doctor: --hours and --max-traces must be 0 (everything) or more", file=sys.stderr)
         return 2
     now = time.time_ns()
-    window = recent.read(cfg.data, args.hours, now, cfg.storage_options)
+    window = recent.read(cfg.data, args.hours, now, cfg.storage_options, args.max_traces)
     span = f"the last {args.hours:g} h" if args.hours else "all time"
+    n = window.spans["trace_id"].n_unique() if window.spans.height else 0
+    sample = f", a random sample of {n} of its {window.traces} traces" if n < window.traces else ""
     try:
         report = doctor.diagnose(window.spans, window.logs, window.feedback, cfg, now,
-                                 f"{cfg.data}, traces active in {span} (clock {doctor.clock(now)})",
+                                 f"{cfg.data}, traces active in {span}{sample} (clock {doctor.clock(now)})",
                                  now - int(args.hours * 3600e9) if args.hours else None)
     except ValueError as e:  # a reward function that cannot be loaded
         print(f"nightshift doctor: {e}", file=sys.stderr)

@@ -220,3 +220,13 @@ def test_cli_reads_a_running_collectors_backlog_and_refusals(collector_factory, 
     assert "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token>" in out
     assert main(["doctor", "--data", str(c.data), "--collector", "http://127.0.0.1:9"]) == 1
     assert "cannot read http://127.0.0.1:9/metrics" in capsys.readouterr().out
+
+
+def test_a_large_window_is_sampled_and_says_so(tmp_path, capsys):
+    data = copy("capture_off", tmp_path)
+    now = last_received(data) + 3600 * 10**9
+    a, b = (recent.read(str(data), 0, now, max_traces=1) for _ in range(2))
+    assert a.traces == 2 and a.spans["trace_id"].n_unique() == 1 and a.spans.height == 4  # one whole trace
+    assert a.spans.equals(b.spans)  # the same sample for the same data
+    assert main(["doctor", "--data", str(data), "--hours", "0", "--max-traces", "1"]) == 1
+    assert "a random sample of 1 of its 2 traces" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import fsspec
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "received_time",
@@ -31,6 +32,7 @@ class Window:
     feedback: pl.DataFrame
     dates: list[str] = field(default_factory=list)  # the date partitions read
     unreadable: list[str] = field(default_factory=list)  # files left out, each with why
+    traces: int = 0  # traces in the window (more than `spans` holds when sampled)
 
 
 def _dates(fs, base: str, first: dt.date | None) -> dict[str, list[str]]:
@@ -55,24 +57,37 @@ def _dates(fs, base: str, first: dt.date | None) -> dict[str, list[str]]:
     return out
 
 
-def _read(fs, paths: list[str], columns: tuple[str, ...], bad: list[str]) -> pl.DataFrame:
+def _read(fs, paths: list[str], columns: tuple[str, ...], bad: list[str], traces: pa.Array | None = None) -> pl.DataFrame:
+    """The columns of `paths`, only the rows of `traces` when given (read a row group
+    at a time, so memory follows what is kept, not the files' size)."""
     tables = []
     for path in paths:
         try:
             with fs.open(path, "rb") as fh:
                 pf = pq.ParquetFile(fh)
                 names = set(pf.schema_arrow.names)
-                tables.append(pf.read(columns=[c for c in columns if c in names]))
+                cols = [c for c in columns if c in names]
+                for g in range(pf.num_row_groups):
+                    if traces is None:
+                        tables.append(pf.read_row_group(g, columns=cols))
+                        continue
+                    keep = pc.is_in(pf.read_row_group(g, columns=["trace_id"]).column("trace_id"), value_set=traces)
+                    if pc.any(keep).as_py():
+                        tables.append(pf.read_row_group(g, columns=cols).filter(keep))
         except (pa.ArrowException, OSError) as e:
-            bad.append(f"{path}: not a readable Parquet file ({e})")
+            if not any(b.startswith(f"{path}: ") for b in bad):  # once, whichever pass found it
+                bad.append(f"{path}: not a readable Parquet file ({e})")
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return pl.DataFrame()
     return pl.from_arrow(pa.concat_tables(tables, promote_options="default")).rechunk()
 
 
-def read(data: str, hours: float, now_ns: int, storage_options: dict | None = None) -> Window:
-    """The window ending at `now_ns`, `hours` long (0: everything stored)."""
+def read(data: str, hours: float, now_ns: int, storage_options: dict | None = None,
+         max_traces: int = 0) -> Window:
+    """The window ending at `now_ns`, `hours` long (0: everything stored). With
+    `max_traces`, a random sample of that many of its traces (the same sample for the
+    same data): a diagnosis needs proportions, not a day of prompts in memory."""
     fs, root = fsspec.core.url_to_fs(data, **(storage_options or {}))
     root = root.rstrip("/")
     cutoff_ns = now_ns - int(hours * 3600e9) if hours > 0 else None
@@ -81,21 +96,27 @@ def read(data: str, hours: float, now_ns: int, storage_options: dict | None = No
              if cutoff_ns is not None else None)
     bad: list[str] = []
     by_date = _dates(fs, f"{root}/spans", first)
-    spans = _read(fs, [p for ps in by_date.values() for p in ps], SPAN_COLUMNS, bad)
-    if spans.height and cutoff_ns is not None:
-        recent = spans.filter(pl.col("received_time").cast(pl.Int64) >= cutoff_ns)["trace_id"].unique()
-        spans = spans.filter(pl.col("trace_id").is_in(recent.implode()))
-    if spans.height:
-        spans = spans.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
-    logs = pl.DataFrame()
-    if spans.height:
+    paths = [p for ps in by_date.values() for p in ps]
+    # first pass: two small columns, to choose the traces
+    ids = _read(fs, paths, ("trace_id", "received_time"), bad)
+    window = Window(pl.DataFrame(), pl.DataFrame(), pl.DataFrame(), sorted(by_date), bad)
+    if ids.height:
+        if cutoff_ns is not None:
+            ids = ids.filter(pl.col("received_time").cast(pl.Int64) >= cutoff_ns)
+        chosen = ids["trace_id"].unique().sort()
+        window.traces = chosen.len()
+        if max_traces and chosen.len() > max_traces:
+            chosen = chosen.sample(max_traces, seed=0).sort()
+        if chosen.len():
+            spans = _read(fs, paths, SPAN_COLUMNS, bad, chosen.to_arrow())
+            window.spans = spans.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
+    if window.spans.height:
         log_dates = _dates(fs, f"{root}/logs", first)
-        logs = _read(fs, [p for ps in log_dates.values() for p in ps], LOG_COLUMNS, bad)
-        if logs.height:
-            logs = logs.filter(pl.col("trace_id").is_in(spans["trace_id"].unique().implode()))
+        window.logs = _read(fs, [p for ps in log_dates.values() for p in ps], LOG_COLUMNS, bad,
+                            window.spans["trace_id"].unique().to_arrow())
     fb_dates = _dates(fs, f"{root}/feedback", None)
     feedback = _read(fs, [p for ps in fb_dates.values() for p in ps], FEEDBACK_COLUMNS, bad)
     if feedback.height:
-        feedback = feedback.unique("feedback_id", keep="first", maintain_order=True).with_columns(
+        window.feedback = feedback.unique("feedback_id", keep="first", maintain_order=True).with_columns(
             pl.col("received_time").cast(pl.Int64))  # nanoseconds, as the build reads it
-    return Window(spans, logs, feedback, sorted(by_date), bad)
+    return window
