@@ -90,7 +90,8 @@ class Summary:
         if self.incremental:
             out.append(f"incremental: {self.incremental}")
         if self.repooled:
-            out.append(f"advantages moved by the new rows, rewritten in: {', '.join(self.repooled)}")
+            shown = ", ".join(self.repooled[:5]) + (", ..." if len(self.repooled) > 5 else "")
+            out.append(f"advantages moved by the new rows: rewritten in {len(self.repooled)} kept partition(s) ({shown})")
         if self.rewards_by_source:
             out.append("rewards by source: " + ", ".join(f"{k} {v}" for k, v in sorted(self.rewards_by_source.items())))
         out.append(f"trajectories without a reward: {self.unrated}")
