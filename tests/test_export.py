@@ -164,3 +164,26 @@ def test_bad_arguments_are_one_sentence(built, tmp_path, capsys, args, code, mes
     err = capsys.readouterr().err
     assert err.startswith("nightshift export: ") and message in err and "Traceback" not in err
     assert not list(tmp_path.glob(".out*"))  # no temporary file left behind
+
+
+def test_trls_sft_trainer_trains_on_the_export_as_it_loads(built, tiny_model, tmp_path):
+    """What the README promises: `load_dataset` then `SFTTrainer`, nothing in between
+    (the metadata columns ride along). prompt_completion's examples are TRL's own
+    chat-template step's input above; one trainer run here keeps the test short."""
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    data, _ = built
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    for fmt in ("messages",):
+        out = tmp_path / f"{fmt}.parquet"
+        assert run("--data", str(data), "--to", str(out), "--format", fmt) == 0
+        ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
+        trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model), processing_class=tok,
+                             train_dataset=ds, args=SFTConfig(output_dir=str(tmp_path / fmt), max_steps=1,
+                                                              per_device_train_batch_size=5, report_to=[],
+                                                              use_cpu=True, save_strategy="no"))
+        result = trainer.train()
+        assert result.global_step == 1 and result.training_loss > 0
+        assert len(trainer.train_dataset) == 5
