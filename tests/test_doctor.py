@@ -230,3 +230,15 @@ def test_a_large_window_is_sampled_and_says_so(tmp_path, capsys):
     assert a.spans.equals(b.spans)  # the same sample for the same data
     assert main(["doctor", "--data", str(data), "--hours", "0", "--max-traces", "1"]) == 1
     assert "a random sample of 1 of its 2 traces" in capsys.readouterr().out
+
+
+def test_a_reward_attribute_is_suggested_only_for_the_service_that_records_it(tmp_path):
+    data = copy("episode_reward", tmp_path)
+    for f in (DOCTOR / "no_agent" / "spans").rglob("*.parquet"):
+        dest = data / "spans" / f.parent.name / f.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dest)
+    r = diagnose(data)
+    fixes = {f.scope: f.fix for f in r.findings if "would have no reward" in f.what}
+    assert fixes["service doctor-episode-reward"].startswith("--reward-keys episode.reward")
+    assert "episode.reward" not in fixes["service doctor-no-agent"], fixes

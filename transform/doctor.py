@@ -192,23 +192,27 @@ def _body(b: dict | None) -> Any:
             "bool": b.get("bool_value"), "bytes": b.get("bytes_value")}.get(t)
 
 
-def _reward_candidates(df: pl.DataFrame, cfg: TransformConfig) -> dict[str, dict]:
+def _reward_candidates(df: pl.DataFrame, cfg: TransformConfig) -> dict[str, dict[str, dict]]:
     """Numeric span attributes that look like an outcome but that the build does not
-    read as a reward: key -> {spans, traces, example}."""
+    read as a reward, per service: service -> key -> {spans, traces, example}, the key
+    on most traces first."""
     key = pl.col("key")
     known = key.is_in(list(cfg.reward.keys) + list(CARRIER_KEYS))
     for p in CARRIER_PREFIXES:
         known = known | key.str.starts_with(p)
     long = A.long_form(df, key.str.contains(REWARD_LIKE) & ~known)
+    long = long.filter(pl.col("number").is_not_null() & pl.col("number").is_finite())
     if long.height == 0:
         return {}
-    long = long.filter(pl.col("number").is_not_null() & pl.col("number").is_finite())
-    traces = df["trace_id"]
-    out = {}
-    for k, part in long.group_by("key"):
-        out[k[0]] = {"spans": part.height, "traces": traces.gather(part["row"]).n_unique(),
-                     "example": part["number"][0]}
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]["traces"]))
+    found = (long.with_columns(df["service_name"].gather(long["row"]).alias("service"),
+                               df["trace_id"].gather(long["row"]).alias("trace_id"))
+             .group_by("service", "key").agg(pl.len().alias("spans"), pl.col("trace_id").n_unique().alias("traces"),
+                                             pl.col("number").first().alias("example"))
+             .sort("traces", "key", descending=[True, False]))
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in found.iter_rows(named=True):
+        out[r["service"]][r["key"]] = {"spans": r["spans"], "traces": r["traces"], "example": r["example"]}
+    return out
 
 
 def diagnose(spans: pl.DataFrame, logs: pl.DataFrame, feedback: pl.DataFrame, cfg: TransformConfig, now_ns: int,
@@ -416,7 +420,8 @@ def _rewards(df: pl.DataFrame, feedback: pl.DataFrame, cfg: TransformConfig) -> 
 
 
 def _findings(report: Report, records: list[dict], cfg: TransformConfig, waiting: dict[str, set[str]],
-              unended: dict[str, set[str]], unrated_names: dict[str, set[str]], candidates: dict[str, dict]) -> None:
+              unended: dict[str, set[str]], unrated_names: dict[str, set[str]],
+              reward_like: dict[str, dict[str, dict]]) -> None:
     groups_of: dict[str, list[Group]] = defaultdict(list)
     for g in report.groups:
         groups_of[g.service].append(g)
@@ -468,6 +473,7 @@ def _findings(report: Report, records: list[dict], cfg: TransformConfig, waiting
         unrated = rows - sum(g.rewarded for g in gs)
         if unrated:
             fix = REWARD_SOURCES
+            candidates = reward_like.get(s.service, {})
             if candidates:
                 k, c = next(iter(candidates.items()))
                 fix = (f"--reward-keys {k} (transform.reward.keys: [{k}]; on {c['spans']} spans of {c['traces']} "
