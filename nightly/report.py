@@ -7,7 +7,6 @@ beside a PNG a person can glance at.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shutil
 from pathlib import Path
 

@@ -28,6 +28,7 @@ failpoint (publish/failpoints.py: `<op>.<step>`) where a test kills the process.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field, fields
 
 from nightshift.route.client import RouteClient, RouteError
@@ -118,8 +119,6 @@ def load_fresh(client: VLLMClient, name: str, path: str, loaded: bool) -> float:
     33791): a name already loaded is unloaded first. Returns the seconds the name
     was absent (0 when it was not loaded), the window in which a request for it
     is answered 404 and an OpenAI client retries."""
-    import time
-
     if not loaded:
         client.load_lora(name, path, load_inplace=False)
         return 0.0
