@@ -170,6 +170,12 @@ class Step:
         return self.rows if per == "row" else self.completion_tokens
 
 
+#: Groups of like-length rows a step is made of: binning by length keeps
+#: micro-batches full (packed) or barely padded, and drawing a step from several
+#: groups keeps it from being all short (or all failed) calls.
+GROUPS_PER_STEP = 8
+
+
 class Steps(torch.utils.data.Dataset):
     """This rank's share of every optimizer step, computed once for the run: every
     rank computes the same steps (same lengths, same seed) and takes its own."""
@@ -178,23 +184,31 @@ class Steps(torch.utils.data.Dataset):
         from .batching import micro_batches, optimizer_steps, shard
 
         lengths = [length(f) for f in rows]
-        # Which rows make a step must not depend on the number of processes (or one
-        # process's memory): rows are binned by length into groups of a whole step's
-        # tokens, grouped into steps, and only then dealt to the ranks and cut into
-        # micro-batches of the plan's size (by `optimizer_steps` over several ranks,
-        # by `LoopTrainer._fit` in one).
+        # Which rows make a step must not depend on the number of processes (or on one
+        # process's memory), and a step should mix lengths (and so rewards): rows are
+        # binned by length into groups of about 1/GROUPS_PER_STEP of a step, a step
+        # takes GROUPS_PER_STEP of them in their shuffled order, and only then are its
+        # rows dealt to the ranks and packed into micro-batches of the plan's size.
         if plan.rows_per_step:
-            whole, per = plan.rows_per_step * max(lengths), {"rows_per_step": plan.rows_per_step}
+            whole = plan.rows_per_step * sum(lengths) / len(lengths)
+            per = {"rows_per_step": plan.rows_per_step}
         else:
             whole, per = plan.tokens_per_step, {"tokens_per_step": plan.tokens_per_step}
-        mbs = micro_batches(lengths, max(whole, 1), packed=plan.packed, seed=seed)
-        steps = optimizer_steps(mbs, lengths, world_size=plan.world_size, micro_batch_tokens=plan.micro_batch_tokens,
+        group = max(max(lengths), math.ceil(whole / GROUPS_PER_STEP))
+        groups = micro_batches(lengths, group, packed=plan.packed, seed=seed)
+        steps = optimizer_steps(groups, lengths, world_size=plan.world_size, micro_batch_tokens=plan.micro_batch_tokens,
                                 packed=plan.packed, **per)
         self.steps: list[Step] = []
         for step in steps:
             everyone = [i for mb in step for i in mb]
+            if plan.world_size == 1:  # one process: the step's rows packed at the plan's size here
+                mine = micro_batches([lengths[i] for i in everyone], plan.micro_batch_tokens, packed=plan.packed,
+                                     seed=seed)
+                mine = [[everyone[j] for j in mb] for mb in mine]
+            else:  # several: dealt and packed by optimizer_steps
+                mine = shard(step, plan.rank, plan.world_size)
             self.steps.append(Step(
-                micro=[[rows[i] for i in mb] for mb in shard(step, plan.rank, plan.world_size)],
+                micro=[[rows[i] for i in mb] for mb in mine],
                 rows=len(everyone), completion_tokens=sum(completion_tokens(rows[i]) for i in everyone),
                 tokens=sum(lengths[i] for i in everyone)))
 

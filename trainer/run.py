@@ -329,13 +329,20 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
 
 
 def _evaluate(plan: RunPlan, policy, features: list[dict], tok, ref) -> dict:
+    """Held-out metrics under the precision training ran in: after training,
+    accelerate has wrapped the model's forward to hand back fp32 outputs, so the
+    completion states meet a bf16 head in autocast, as in a training step."""
+    import torch
+
     from .evaluate import evaluate
     from .loop import uses_boundaries
 
     if not features:
         return {}
-    return evaluate(policy, features, tok.pad_token_id, plan.micro_batch_tokens, plan.packed, ref.states,
-                    uses_boundaries(plan))
+    half = plan.device.type == "cuda" and plan.dtype in (torch.bfloat16, torch.float16)
+    with torch.autocast(plan.device.type, dtype=plan.dtype, enabled=half):
+        return evaluate(policy, features, tok.pad_token_id, plan.micro_batch_tokens, plan.packed, ref.states,
+                        uses_boundaries(plan))
 
 
 def _save_model(cfg: TrainConfig, trainer, tok, staged: Path) -> str:
