@@ -13,7 +13,9 @@ and divided by the whole step's count over every rank. Accumulation and
 several GPUs then change nothing but the memory: the gradient is the one of
 the step taken at once. An out-of-memory error splits the micro-batch that
 hit it in two, shrinks the memory plan for the rest of the run and redoes the
-step, instead of failing the night.
+step, instead of failing the night. (Under several processes that holds for
+every micro-batch but a rank's last: its backward is the one that all-reduces
+with the other ranks, which an error in it leaves waiting.)
 """
 
 from __future__ import annotations
