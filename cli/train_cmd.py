@@ -99,6 +99,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainDataError as e:
         print(f"nightshift train: {e}", file=sys.stderr)
         return 1
+    if result.rank != 0:  # under torchrun every rank gets here; only rank 0 wrote the version
+        return 0
     for line in result.lines():
         print(line)
     return 0

@@ -123,3 +123,14 @@ def test_two_processes_follow_the_single_process_loss_curve(runs):
 def test_only_rank_zero_writes_into_the_version(runs):
     writers = {f.name.split(".")[-2] for f in (runs / "two" / "v0001" / "tensorboard").glob("events.out.tfevents.*")}
     assert len(writers) == 1, writers  # one process id in the event files' names
+
+
+def test_only_rank_zero_prints_the_summary(runs):
+    """Every rank returns from `train()`; only rank 0 wrote the version, so only it
+    has a summary to print (rank 1 used to print one too, "-> at" with an empty
+    version). torchrun's children share its stdout, here the run's log."""
+    summaries = [line for line in (runs / "two.log").read_text().splitlines() if line.startswith("train: ")]
+    assert len(summaries) == 1, summaries
+    assert f"-> v0001 at {runs / 'two' / 'v0001'}" in summaries[0]
+    one = [line for line in (runs / "one.log").read_text().splitlines() if line.startswith("train: ")]
+    assert len(one) == 1, one

@@ -55,6 +55,9 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)
     plan: list[str] = field(default_factory=list)  # the run plan's lines, as printed before step 1
     too_long: dict[str, int] = field(default_factory=dict)  # rows longer than max_length, by agent
+    #: The process that made this result (torchrun's RANK): only rank 0 writes the
+    #: version, so only its result has one to report.
+    rank: int = 0
 
     def lines(self) -> list[str]:
         out = [
@@ -324,7 +327,7 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
         examples=len(rows), excluded=dict(excluded), logged=dict(prepared.logged), steps=steps, tokens=tokens,
         seconds=train_seconds, train_loss=float(out.training_loss), eval_before=eval_before,
         eval_after=eval_after, resumed_from=Path(resume).name if resume else "", notes=notes,
-        plan=plan.lines(), too_long=dict(prepared.too_long),
+        plan=plan.lines(), too_long=dict(prepared.too_long), rank=plan.rank,
     )
 
 
