@@ -384,7 +384,7 @@ def test_qwen_7b_lora_plans_fit_80_40_and_24_gib_and_choose_sensibly():
         print(gib, p.line())
         assert _fits(p)
         assert p.micro_batch_tokens % 1024 == 0 and p.micro_batch_tokens >= min(p.max_length, 16384)
-        assert abs(p.tokens_per_step - 65536) <= p.micro_batch_tokens / 2
+        assert p.tokens_per_step == 65536 and 0 <= p.micro_batch_tokens * p.grad_accum - 65536 < p.micro_batch_tokens
     big, mid, small = plans[80], plans[40], plans[24]
     # 16k-token rows need checkpointing on a 7B; the bigger card recomputes fewer layers
     assert big.checkpointing == "selective" and 0 < big.checkpointed_layers < mid.checkpointed_layers
@@ -455,6 +455,41 @@ def test_the_plan_line():
     assert len(flags) == 28 and sum(flags) == p.checkpointed_layers
 
 
+def test_a_step_smaller_or_not_a_multiple_of_the_micro_batch_is_said_as_it_runs():
+    """The micro-batch is a budget: a 256-token step runs as one micro-batch of 256
+    tokens, and the line said "1,024 tokens/step"; a 100,000-token step in budgets
+    of 16,384 takes 7 micro-batches, and the line said 6 (round)."""
+    tiny = plan(QWEN_7B_REAL, tokens_per_step=256, max_length_wanted=200)
+    assert tiny.micro_batch_tokens == 1024 and tiny.tokens_per_step == 256 and tiny.grad_accum == 1
+    assert tiny.line().startswith("memory plan: micro-batch up to 1,024 tokens x 1 accumulation for 256 tokens/step,")
+    assert "1,024 tokens/step" not in tiny.line()
+    odd = plan(QWEN_7B_REAL, tokens_per_step=100_000, longest_row=16384, **card(80))
+    assert odd.grad_accum == -(-100_000 // odd.micro_batch_tokens)
+    assert f"x {odd.grad_accum} accumulation for 100,000 tokens/step" in odd.line()
+
+
+def test_device_budget_honours_the_process_memory_fraction(monkeypatch):
+    """A process capped with torch.cuda.set_per_process_memory_fraction cannot reserve
+    more than fraction x total (less what it holds), however much the card has free:
+    the plan must be made for that, not for the card (a fake CUDA: mem_get_info,
+    the fraction and the reserved bytes are what torch would report)."""
+    import torch
+
+    from nightshift.trainer.memory import device_budget
+
+    state = {"fraction": 40 / 140}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * GIB, 140 * GIB))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: state["fraction"],
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2 * GIB)
+    available, free = device_budget(0.9, torch.device("cuda", 0))
+    assert free == 38 * GIB and available == int(38 * GIB * 0.9)  # 40 GiB allowed, 2 held: not 100 free
+    state["fraction"] = 1.0  # no cap: the card's free memory, as before
+    assert device_budget(0.9, torch.device("cuda", 0)) == (int(100 * GIB * 0.9), 100 * GIB)
+    state["fraction"] = 0.9  # a cap above what is free changes nothing
+    assert device_budget(0.5, torch.device("cuda", 0))[1] == 100 * GIB
+
+
 def test_checkpoint_flags_spread_evenly():
     assert checkpoint_flags(4, "selective", 2) == [False, True, False, True]
     assert checkpoint_flags(28, "selective", 7).count(True) == 7
@@ -476,7 +511,8 @@ def test_shrink_halves_then_checkpoints_more_then_halves_to_one_row_then_gives_u
     micro = [s.micro_batch_tokens for s in seen]
     layers = [s.checkpointed_layers for s in seen]
     assert all(a >= b for a, b in zip(micro, micro[1:])) and all(a <= b for a, b in zip(layers, layers[1:]))
-    assert all(abs(s.tokens_per_step - 65536) <= s.micro_batch_tokens / 2 for s in seen)
+    assert all(s.tokens_per_step == 65536 and 0 <= s.micro_batch_tokens * s.grad_accum - 65536 < s.micro_batch_tokens
+               for s in seen)  # accumulation keeps the step whole
     first_ck = layers.index(next(k for k in layers if k > 0))
     assert micro[first_ck] == EFFICIENT_TOKENS  # halved to 8k before any layer is checkpointed
     assert seen[-1].checkpointing == "full" and seen[-1].micro_batch_tokens == 4096

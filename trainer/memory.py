@@ -394,6 +394,10 @@ class MemoryPlan:
 
     @property
     def tokens_per_step(self) -> int:
+        """The tokens of a step the plan was made for (its micro-batches are budgets:
+        a step of 256 tokens runs as one micro-batch of 256, not of 1,024)."""
+        if self.inputs is not None:
+            return self.inputs.tokens_per_step
         return self.micro_batch_tokens * self.grad_accum
 
     def layer_flags(self) -> list[bool]:
@@ -407,8 +411,11 @@ class MemoryPlan:
         ck = self.checkpointing
         if ck == "selective" and self.inputs is not None:
             ck += f" ({self.checkpointed_layers} of {self.inputs.shape.layers} layers)"
-        head = (f"memory plan: micro-batch {self.micro_batch_tokens:,} tokens x {self.grad_accum} accumulation = "
-                f"{self.tokens_per_step:,} tokens/step, checkpointing {ck}, max_length {self.max_length:,}, ")
+        step = self.tokens_per_step
+        exact = self.micro_batch_tokens * self.grad_accum == step
+        head = (f"memory plan: micro-batch {'' if exact else 'up to '}{self.micro_batch_tokens:,} tokens x "
+                f"{self.grad_accum} accumulation {'=' if exact else 'for'} {step:,} tokens/step, checkpointing {ck}, "
+                f"max_length {self.max_length:,}, ")
         if self.available_gib is None:
             tail = f"estimated {self.estimated_gib:.1f} GiB, no device limit (CPU)"
         else:
@@ -421,9 +428,10 @@ class MemoryPlan:
 
 def device_budget(memory_fraction: float, device=None) -> tuple[int | None, int | None]:
     """(available bytes, free bytes) on a CUDA device: the share of what is free now,
-    after the CUDA context and anything else on the card. On a CPU: (None, None),
-    no limit: a CPU run is a test or a demo on a tiny model, and a plan that
-    depended on the machine's free RAM would make those runs differ by machine."""
+    after the CUDA context and anything else on the card, and within what this
+    process may still take (`process_cap`). On a CPU: (None, None), no limit: a
+    CPU run is a test or a demo on a tiny model, and a plan that depended on the
+    machine's free RAM would make those runs differ by machine."""
     import torch
 
     if device is None:
@@ -431,8 +439,28 @@ def device_budget(memory_fraction: float, device=None) -> tuple[int | None, int 
     device = torch.device(device)
     if device.type != "cuda":
         return None, None
-    free, _total = torch.cuda.mem_get_info(device)
+    free, total = torch.cuda.mem_get_info(device)
+    cap = process_cap(device, total)
+    if cap is not None:
+        free = min(free, cap[1])
     return int(free * memory_fraction), int(free)
+
+
+def process_cap(device, total: int) -> tuple[float, int] | None:
+    """(fraction, bytes this process may still reserve) when the process's memory is
+    capped below the whole card (`torch.cuda.set_per_process_memory_fraction`, as
+    benchmarks/train_gpu.py's --memory-gib does): the caching allocator refuses to
+    reserve beyond fraction x total, counting what it already holds, however much
+    the card has free. None: no cap."""
+    import torch
+
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get is None:
+        return None
+    fraction = float(get(device))
+    if fraction >= 1.0:
+        return None
+    return fraction, max(0, int(fraction * total) - int(torch.cuda.memory_reserved(device)))
 
 
 def _round_up(n: int, q: int = TOKEN_QUANTUM) -> int:
@@ -476,7 +504,7 @@ def _fits(inp: PlanInputs, micro: int, width: int, k: int) -> bool:
 def _make(inp: PlanInputs, micro: int, max_length: int, width: int, k: int, notes: list[str],
           free_bytes: int | None, memory_fraction: float | None) -> MemoryPlan:
     return MemoryPlan(
-        micro_batch_tokens=micro, grad_accum=max(1, round(inp.tokens_per_step / micro)),
+        micro_batch_tokens=micro, grad_accum=_accumulation(inp.tokens_per_step, micro),
         checkpointing=_level_name(inp.shape.layers, k), max_length=max_length,
         estimated_gib=_estimate(inp, micro, width, k) / GIB,
         available_gib=None if inp.available_bytes is None else inp.available_bytes / GIB, notes=notes,
@@ -586,5 +614,11 @@ def shrink(p: MemoryPlan) -> MemoryPlan:
     out = _make(inp, micro, p.max_length, min(longest, micro), k, [*p.notes, f"{what}: retried with {how}"],
                 None, p.memory_fraction)
     out.free_gib = p.free_gib
-    out.grad_accum = max(1, round(p.tokens_per_step / micro))
+    out.grad_accum = _accumulation(p.tokens_per_step, micro)
     return out
+
+
+def _accumulation(tokens_per_step: int, micro: int) -> int:
+    """Micro-batches a step takes at least: a step of 100,000 tokens in budgets of
+    16,384 is 7 of them, not round()'s 6."""
+    return max(1, -(-tokens_per_step // micro))
