@@ -257,3 +257,26 @@ def test_through_ddp_gradients_arrive(tok):
         assert isinstance(wrapped.lm_head, torch.nn.Linear)  # the swap is undone
     finally:
         dist.destroy_process_group()
+
+
+@torch.no_grad()
+def test_kl_after_accelerate_wrapped_the_forward(tok):
+    """After training under mixed precision, accelerate has wrapped the model's
+    forward (autocast inside, outputs made fp32): the completion states come back
+    fp32 while the head is bf16. The exact KL must still run, outside any autocast,
+    and agree with the log-probs the wrapped forward gives (on the lent H200 it
+    failed with 'expected mat1 and mat2 to have the same dtype'). bf16 on a CPU:
+    the same bf16 matmuls either way, 2e-2 absolute on log-probs of O(1-10)."""
+    from types import MethodType
+
+    from accelerate.utils import convert_outputs_to_fp32
+
+    policy = model_for(tok, "qwen2", "lora").to(torch.bfloat16)
+    wrapped = torch.autocast("cpu", dtype=torch.bfloat16)(policy.forward.__func__)
+    policy.forward = MethodType(convert_outputs_to_fp32(wrapped), policy)
+    batch = collate(features(tok), tok.pad_token_id, True)
+    states = logprobs.completion_states(policy, batch)
+    assert states.hidden.dtype == torch.bfloat16
+    logp, kl = logprobs.completion_logprobs_and_kl(policy, batch, logprobs.adapter_off(policy))
+    torch.testing.assert_close(logp, logprobs.completion_logprobs(policy, batch), atol=2e-2, rtol=0)
+    assert torch.isfinite(kl).all() and kl.max() > 0

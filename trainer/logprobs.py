@@ -59,6 +59,14 @@ class CompletionStates:
 
     hidden: torch.Tensor  # [K, H]
     head: Callable[[torch.Tensor], torch.Tensor]
+    #: The head's weight dtype, what its input must be: a wrapped forward may hand
+    #: the states back in another (accelerate's mixed precision returns fp32).
+    dtype: torch.dtype | None = None
+
+    def chunk(self, start: int, stop: int, device: torch.device | None = None) -> torch.Tensor:
+        """Rows [start, stop) of the states, as the head takes them."""
+        h = self.hidden[start:stop]
+        return h.to(device=device or h.device, dtype=self.dtype or h.dtype)
 
 
 def completion_logprobs(model, batch: dict[str, torch.Tensor], *, temperature: float = 1.0,
@@ -76,7 +84,10 @@ def completion_logprobs(model, batch: dict[str, torch.Tensor], *, temperature: f
 
 
 def completion_states(model, batch: dict[str, torch.Tensor]) -> CompletionStates:
-    """The policy's `CompletionStates` on `batch` (one forward, no logits kept)."""
+    """The policy's `CompletionStates` on `batch` (one forward, no logits kept), in
+    the head's dtype: the states leave the forward as its output, which a wrapper
+    may have converted (accelerate's mixed precision makes a trained model's
+    outputs fp32, and a bf16 head then refuses them)."""
     box: list[torch.nn.Module] = []
 
     def capture(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -84,7 +95,16 @@ def completion_states(model, batch: dict[str, torch.Tensor]) -> CompletionStates
         return hidden
 
     hidden = _forward(model, batch, capture)
-    return CompletionStates(hidden, box[0])
+    dtype = _weight_dtype(box[0])
+    return CompletionStates(hidden if dtype is None else hidden.to(dtype), box[0], dtype)
+
+
+def _weight_dtype(head: torch.nn.Module) -> torch.dtype | None:
+    """The dtype the head computes in (a LoRA'd head's `weight` is its base layer's)."""
+    w = getattr(head, "weight", None)
+    if isinstance(w, torch.Tensor):
+        return w.dtype
+    return next((p.dtype for p in head.parameters()), None)
 
 
 def adapter_off(policy) -> Callable[[dict[str, torch.Tensor]], CompletionStates]:
@@ -100,7 +120,7 @@ def adapter_off(policy) -> Callable[[dict[str, torch.Tensor]], CompletionStates]
             with policy.disable_adapter():
                 return st.head(h)
 
-        return CompletionStates(st.hidden, head)
+        return CompletionStates(st.hidden, head, st.dtype)
 
     return states
 
@@ -122,8 +142,8 @@ def completion_logprobs_and_kl(model, batch: dict[str, torch.Tensor],
     step = _chunk(chunk_tokens, mine.head, mine.hidden)
     logps, kls = [], []
     for i in range(0, k, step):
-        p = torch.log_softmax(mine.head(mine.hidden[i:i + step]).float(), -1)
-        q = torch.log_softmax(theirs.head(theirs.hidden[i:i + step].to(mine.hidden.device)).float().to(p.device), -1)
+        p = torch.log_softmax(mine.head(mine.chunk(i, i + step)).float(), -1)
+        q = torch.log_softmax(theirs.head(theirs.chunk(i, i + step, theirs.hidden.device)).float().to(p.device), -1)
         logps.append(p.gather(-1, targets[i:i + step, None]).squeeze(-1))
         kls.append((p.exp() * (p - q)).sum(-1))
     if not logps:

@@ -332,9 +332,11 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
 
 
 def _evaluate(plan: RunPlan, policy, features: list[dict], tok, ref) -> dict:
-    """Held-out metrics under the precision training ran in: after training,
-    accelerate has wrapped the model's forward to hand back fp32 outputs, so the
-    completion states meet a bf16 head in autocast, as in a training step."""
+    """Held-out metrics under the precision training ran in, before training as
+    after: after it, accelerate's wrapper runs the forward under autocast anyway
+    (the fp32 states it hands back are cast to the head's dtype in
+    trainer/logprobs.py), so before it the unwrapped model is put under the same
+    autocast, or the two figures would differ by precision as well as by training."""
     import torch
 
     from .evaluate import evaluate
