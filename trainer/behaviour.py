@@ -15,11 +15,13 @@ their negatives by `pg.unknown_mu_negatives`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from .config import TrainConfig
 from .plan import RunPlan
@@ -42,13 +44,14 @@ class MuReport:
     rows: int = 0  # rows through a forward pass (the recomputed and the drift sample)
     tokens: int = 0  # their tokens
     seconds: float = 0.0  # the whole recomputation: loading the producers and their forwards
+    loaded: int = 0  # producers loaded from disk (the policy itself gives the base and its init adapter)
 
     def line(self) -> str:
         return f"μ: {self.rows:,} rows recomputed ({self.tokens:,} tokens) in {self.seconds:.1f} s"
 
     def summary(self) -> dict:
         return {"rows": self.rows, "tokens": self.tokens, "seconds": round(self.seconds, 3),
-                **{k: n for k, n in self.counts.items()}}
+                "models_loaded": self.loaded, **{k: n for k, n in self.counts.items()}}
 
 
 def producer(cfg: TrainConfig, feature: dict) -> str | None:
@@ -62,15 +65,46 @@ def producer(cfg: TrainConfig, feature: dict) -> str | None:
     return BASE if model is None or model in base_names else None
 
 
-def attach(cfg: TrainConfig, plan: RunPlan, features: list[dict], tok) -> MuReport:
+@contextlib.contextmanager
+def _producer_model(cfg: TrainConfig, plan: RunPlan, src: str, policy) -> Iterator[tuple[object, bool]]:
+    """The model that made `src`'s calls, and whether it was loaded for this. The
+    policy, before its first step, already is the base (full fine-tuning; LoRA
+    with the adapter switched off) and, with `init_adapter`, that version: a
+    second copy of the base would cost its weights again (15 GB at 7B)."""
+    import torch
+
+    is_peft = policy is not None and hasattr(policy, "disable_adapter")
+    init = cfg.init_adapter and src != BASE and Path(src).resolve() == Path(cfg.init_adapter).resolve()
+    if policy is not None and ((src == BASE and (is_peft or cfg.full_finetune)) or (is_peft and init)):
+        was_training = policy.training
+        policy.eval()
+        try:
+            with policy.disable_adapter() if is_peft and src == BASE else contextlib.nullcontext():
+                yield policy, False
+        finally:
+            policy.train(was_training)
+        return
+    from .model import load_version
+
+    model = load_version(cfg, None if src == BASE else src, plan).to(plan.device).eval()
+    try:
+        yield model, True
+    finally:
+        del model
+        if plan.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def attach(cfg: TrainConfig, plan: RunPlan, features: list[dict], tok, policy=None) -> MuReport:
     """Fill each feature's `old_logprobs` (NaN entries) with μ recomputed from its
     producer, in batches of the memory plan's tokens; fully logged rows are kept,
-    and up to `DRIFT_SAMPLE` of them recomputed to cross-check the logged numbers."""
+    and up to `DRIFT_SAMPLE` of them recomputed to cross-check the logged numbers.
+    `policy`: the model about to train, not yet stepped (it gives the base and the
+    init adapter's μ without loading them again)."""
     import torch
 
     from .logprobs import completion_logprobs
     from .loop import collate, to_device, token_batches, uses_boundaries
-    from .model import load_version
 
     report = MuReport()
     work: dict[tuple[str, float], list[dict]] = defaultdict(list)
@@ -90,8 +124,8 @@ def attach(cfg: TrainConfig, plan: RunPlan, features: list[dict], tok) -> MuRepo
     abs_sum, n_tok = 0.0, 0
     t0 = time.perf_counter()
     for src in sorted({s for s, _ in work}):
-        model = load_version(cfg, None if src == BASE else src, plan).to(plan.device).eval()
-        with torch.no_grad():
+        with _producer_model(cfg, plan, src, policy) as (model, loaded), torch.no_grad():
+            report.loaded += loaded
             for (s, temp), fs in work.items():
                 if s != src:
                     continue
@@ -117,9 +151,6 @@ def attach(cfg: TrainConfig, plan: RunPlan, features: list[dict], tok) -> MuRepo
                                 abs_sum += abs(o - m)
                                 n_tok += 1
                         f["old_logprobs"] = [m if math.isnan(o) else o for o, m in zip(old, mine)]
-        del model
-        if plan.device.type == "cuda":
-            torch.cuda.empty_cache()
     report.seconds = time.perf_counter() - t0
     if n_tok:
         report.drift, report.drift_tokens = abs_sum / n_tok, n_tok

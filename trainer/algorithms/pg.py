@@ -195,7 +195,7 @@ def before_training(cfg: TrainConfig, plan: RunPlan, policy, tok, rows: list[dic
         policy.train(was_training)
     if cfg.pg.clip == "none":
         return out
-    mu = behaviour.attach(cfg, plan, rows, tok)
+    mu = behaviour.attach(cfg, plan, rows, tok, policy)
     out.logged.update({f"mu_{k}": n for k, n in mu.counts.items()})
     out.manifest["mu"] = mu.summary()
     if mu.rows:
