@@ -62,3 +62,34 @@ def test_mu_of_the_base_comes_from_the_policy_not_a_second_copy(tmp_path, tiny_m
     again = _features(tok)
     assert behaviour.attach(cfg, plan, again, tok).loaded == 1 and len(loads) == 1
     assert all(abs(a - b) <= 1e-6 for f, g in zip(feats, again) for a, b in zip(f["old_logprobs"], g["old_logprobs"]))
+
+
+def test_mu_of_the_init_adapters_version_comes_from_the_policy(tmp_path, tiny_model, monkeypatch):
+    """Continuing the published adapter (`init_adapter`): calls that version made
+    get μ from the policy as loaded, before its first step, with the adapter on."""
+    import json
+
+    cfg = TrainConfig()
+    apply(cfg, dict(data=str(tmp_path), base_model=str(tiny_model), output=str(tmp_path / "ck"), algorithm="pg"),
+          "test")
+    plan = work_out(cfg)
+    tok = model_mod.load_tokenizer(cfg)
+    first = model_mod.load_policy(cfg, plan)
+    for n, p in first.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    version = tmp_path / "ck" / "v0001"
+    first.save_pretrained(version)
+    (version / "manifest.json").write_text(json.dumps({"version": "v0001", "kind": "lora"}))
+    cfg.init_adapter = str(version)
+    policy = model_mod.load_policy(cfg, plan)
+    real = model_mod.load_version
+    loads: list = []
+    monkeypatch.setattr(model_mod, "load_version", lambda *a, **k: loads.append(a) or real(*a, **k))
+    feats = [{**f, "policy_version": "v0001"} for f in _features(tok, 3)]
+    assert behaviour.attach(cfg, plan, feats, tok, policy).loaded == 0 and loads == []
+    with torch.no_grad():
+        for f in feats:
+            batch = collate([f], tok.pad_token_id)
+            want = completion_logprobs(first.eval(), batch, temperature=f["temperature"] or 1.0)
+            torch.testing.assert_close(torch.tensor(f["old_logprobs"]), want, atol=1e-6, rtol=0)
