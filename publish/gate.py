@@ -173,22 +173,31 @@ def lower_bound(hits: list[float], pairs: list[tuple[int, int]], trajectories: l
 # --- scoring one model --------------------------------------------------------------------
 
 
-def _mean_logps(model, features: list[dict], tok, cfg: TrainConfig) -> list[float]:
+def _mean_logps(model, features: list[dict], pad_id: int, plan) -> list[float]:
+    """Each row's mean completion log-prob, in `features`' order. Rows go through the
+    model as the trainer's held-out evaluation sends them: binned by length into
+    micro-batches of the run plan's tokens, packed as it packs (a fixed number of
+    rows per batch was 8 x 16k tokens on long agent calls, beyond what a 7B model
+    had fitted in training), the head chunked (trainer/logprobs.py)."""
     import torch
 
-    from nightshift.trainer.model import packed
-    from nightshift.trainer.loop import collate, completion_logprobs
+    from nightshift.trainer.batching import micro_batches
+    from nightshift.trainer.logprobs import completion_logprobs
+    from nightshift.trainer.loop import collate, to_device, uses_boundaries
 
-    device = next(model.parameters()).device
-    out: list[float] = []
+    out = [math.nan] * len(features)
+    groups = micro_batches([len(f["input_ids"]) for f in features], plan.micro_batch_tokens, packed=plan.packed,
+                           seed=0) if features else []
     with torch.no_grad():
-        for i in range(0, len(features), cfg.eval_batch_size):
-            chunk = features[i : i + cfg.eval_batch_size]
-            batch = {k: v.to(device) for k, v in collate(chunk, tok.pad_token_id, packed(cfg)).items()}
+        for idx in groups:
+            chunk = [features[i] for i in idx]
+            batch = to_device(collate(chunk, pad_id, plan.packed, uses_boundaries(plan)), plan.device)
             logp = completion_logprobs(model, batch).float()
             seq = batch["tok_seq"]
-            n = torch.zeros(len(chunk), device=device).index_add(0, seq, torch.ones_like(logp))
-            out += (torch.zeros(len(chunk), device=device).index_add(0, seq, logp) / n.clamp(min=1)).tolist()
+            n = torch.zeros(len(chunk), device=logp.device).index_add(0, seq, torch.ones_like(logp))
+            means = torch.zeros(len(chunk), device=logp.device).index_add(0, seq, logp) / n.clamp(min=1)
+            for i, m in zip(idx, means.tolist()):
+                out[i] = m
     return out
 
 
@@ -237,14 +246,11 @@ def _generate(model, tok, prompts: list[tuple[list[int], float]], max_tokens: in
     return out
 
 
-def _score(cfg: TrainConfig, folder: str | None, tok, features: list[dict], prompts, tools, settings) -> dict:
-    from nightshift.trainer.model import load_version, on_gpu
+def _score(cfg: TrainConfig, folder: str | None, tok, features: list[dict], prompts, tools, settings, plan) -> dict:
+    from nightshift.trainer.model import load_version
 
-    model = load_version(cfg, folder)
-    if on_gpu():
-        model.to("cuda")
-    model.eval()
-    out: dict = {"mean_logp": _mean_logps(model, features, tok, cfg)}
+    model = load_version(cfg, folder, plan).to(plan.device).eval()
+    out: dict = {"mean_logp": _mean_logps(model, features, tok.pad_token_id, plan)}
     if prompts:
         samples = _generate(model, tok, prompts, settings.max_tokens)
         out["valid"] = [ended and valid_output(text, t) for (text, ended), t in zip(samples, tools)]
@@ -275,13 +281,23 @@ def _command(settings: GateSettings, candidate: str, published: str | None, base
 
 
 def _held_out(cfg: TrainConfig):
-    """The held-out examples of the candidate's own window and split."""
+    """The held-out examples of the candidate's own window and split, and the run
+    plan the trainer would make for them (device, precision, attention, packing,
+    max_length and micro-batch tokens): rows longer than its max_length are left
+    out as training left them out (train.max_length 0 is the model's own limit,
+    not no limit), and scoring fits the memory training fitted."""
     from nightshift.trainer.examples import load_fallback_tools, prepare
     from nightshift.trainer.model import load_tokenizer
+    from nightshift.trainer.plan import work_out
     from nightshift.trainer.select import select
 
     tok = load_tokenizer(cfg)
-    return tok, prepare(cfg, tok, select(cfg)).eval, load_fallback_tools(cfg)
+    plan = work_out(cfg)
+    held = prepare(cfg, tok, select(cfg), plan.max_length).eval
+    if held:
+        plan = plan.fitted(cfg, longest_row=max(len(e.r) for e in held),
+                           completion_share=max(len(e.r.completion_ids) / len(e.r) for e in held))
+    return tok, held, load_fallback_tools(cfg), plan
 
 
 def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings: GateSettings,
@@ -302,9 +318,9 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
     cfg.algorithm = "sft"  # every rated row, whatever the candidate was trained with
     decision = GateDecision(True, "", candidate, published)
     try:
-        tok, held, fallback = _held_out(cfg)
+        tok, held, fallback, plan = _held_out(cfg)
     except TrainDataError as e:
-        tok, held, fallback = None, [], None
+        tok, held, fallback, plan = None, [], None, None
         decision.reason = f"no held-out transitions ({e})"
     if held:
         order = sorted(range(len(held)), key=lambda i: hashlib.blake2b(
@@ -314,8 +330,8 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
         prompts = [(held[i].r.prompt_ids, 1.0 if t is None else float(t)) for i, t in zip(chosen, temps)]
         tools = [tools_of(held[i].row) or fallback for i in chosen]
         feats = pg_features(held)
-        c = _score(cfg, candidate, tok, feats, prompts, tools, settings)
-        p = _score(cfg, published, tok, feats, prompts, tools, settings)
+        c = _score(cfg, candidate, tok, feats, prompts, tools, settings, plan)
+        p = _score(cfg, published, tok, feats, prompts, tools, settings, plan)
         _judge(decision, held, c, p, settings, fallback)
     if settings.command:
         decision.command = _command(settings, candidate, published, cfg.base_model)

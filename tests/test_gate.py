@@ -74,3 +74,48 @@ def test_valid_output_checks_tools_offered_and_required_arguments():
     assert not valid_output('<tool_call>{"name": "search", "arguments": {"q": </tool_call>', tools)  # no JSON
     assert not valid_output(ok + "<tool_call>{broken", tools)
     assert not valid_output("   ", tools)
+
+
+def test_the_gate_scores_as_the_trainer_evaluates_by_tokens_within_max_length(tmp_path, monkeypatch):
+    """The gate scores held-out rows the way training saw them: rows longer than
+    the run plan's max_length (train.max_length 0 = the model's own limit, 512
+    positions here) are left out as training left them out, and the model sees
+    micro-batches of at most the plan's tokens, not 8 rows of any length (on 16k-token
+    agent calls, 8 rows are 128k tokens: beyond what a 7B model fitted in training)."""
+    import shutil
+
+    from transformers import Qwen2ForCausalLM
+
+    from nightshift.trainer.render import render
+    from nightshift.trainer.select import held_out
+    from nightshift.trainer.tiny import save_tiny
+    from transitions_data import row, write
+
+    base = save_tiny(tmp_path / "base", max_positions=512)
+    candidate = tmp_path / "ck" / "v0001"
+    shutil.copytree(base, candidate)
+    (candidate / "manifest.json").write_text(json.dumps({"version": "v0001", "kind": "full", "base_model": str(base),
+                                                         "dataset": {}, "config": {"eval_fraction": 0.5}}))
+    rows = [row(f"What is {i} + {i}? " * (20, 26, 30, 60)[i % 4], f"The answer is {2 * i}.", float(i % 2))
+            for i in range(28)]
+    write(tmp_path / "data", rows)
+    cfg = TrainConfig()
+    apply(cfg, dict(data=str(tmp_path / "data"), base_model=str(base), output=str(tmp_path / "ck"),
+                    tokens_per_step=256), "test")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    held = [len(render(tok, r)) for r in rows if held_out(r["trajectory_id"], 0.5)]
+    assert max(held) > 512 and sum(n <= 512 for n in held) >= 8  # the data can tell the two ways apart
+    seen: list[int] = []
+    forward = Qwen2ForCausalLM.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(int(kwargs["input_ids"].numel()))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(Qwen2ForCausalLM, "forward", spy)
+    d = gate(str(candidate), None, cfg, GateSettings(samples=0))
+    assert d.candidate_metrics["rows"] == sum(n <= 512 for n in held), "\n".join(d.lines())
+    assert seen and max(seen) <= 1024  # the plan's micro-batch on a CPU: the longest row rounded up to 1,024
+    assert sum(seen) == 2 * sum(n for n in held if n <= 512)  # every kept row once per model, packed

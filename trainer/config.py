@@ -98,8 +98,9 @@ class TrainSettings:
     max_grad_norm: float = setting(1.0, help="gradient clipping", bounds="(0, inf)")
     eval_fraction: float = setting(0.1, help="trajectories held out (by a hash of their id) for evaluation",
                                    bounds="[0, 1)")
-    eval_batch_size: int = setting(8, help="rows per batch when the gate scores a version (the trainer's own "
-                                           "evaluation and mu batch by the memory plan's tokens)", bounds="[1, inf)")
+    eval_batch_size: int = setting(8, help="no longer read: the gate scores in micro-batches of the memory plan's "
+                                           "tokens, as the trainer's evaluation and mu do (kept so older settings "
+                                           "files load)", bounds="[1, inf)")
     seed: int = setting(0, help="random seed")
     precision: str = setting("auto", help="auto = bf16 on a GPU that has it, else fp32", choices=PRECISIONS)
     attention: str = setting("auto", help="auto = flash_attention_2 where the flash-attn package is installed, else "

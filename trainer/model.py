@@ -29,18 +29,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.* is deprecated", category=FutureWarning)
 
 
-def on_gpu() -> bool:
-    return torch.cuda.is_available()
-
-
-def packed(cfg: TrainConfig) -> bool:
-    """Whether batches for these settings are packed (the run plan decides; for
-    callers outside a run, e.g. the gate's scoring)."""
-    from .plan import work_out
-
-    return work_out(cfg).packed
-
-
 def load_tokenizer(cfg: TrainConfig):
     from transformers import AutoTokenizer
 
