@@ -27,7 +27,7 @@ instrumentation that records their LLM calls, with its content switch on, e.g.:
 #: commands). A key not here is a typo, refused before any command runs, never
 #: silently ignored with everything under it. The publish settings are the nightly
 #: job's (`nightly:`), so `publish:` is not one.
-SECTIONS = ("data", "collector", "transform", "train", "nightly", "serve", "route")
+SECTIONS = ("data", "collector", "transform", "train", "nightly", "serve", "route", "apo")
 
 
 #: The distribution's name on the package index (`nightshift` there is another project).
@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .publish_cmd import add_publish
 
     add_publish(sub, common)
+    from .prompts_cmd import add_prompts
+
+    add_prompts(sub, common)
     return p
 
 

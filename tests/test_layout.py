@@ -21,10 +21,12 @@ STAGES: dict[str, set[str]] = {
     "transform": {"schemas", "settings", "storage"},
     "trainer": {"schemas", "settings", "storage"},
     "route": {"schemas", "settings", "storage"},
+    "prompts": {"schemas", "settings", "storage"},
     "publish": {"schemas", "settings", "storage", "trainer", "route"},
     "serve": {"schemas", "settings", "storage", "trainer"},
     "nightly": {"schemas", "settings", "storage", "transform", "trainer", "route", "publish"},
-    "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "serve", "route", "nightly"},
+    "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "serve", "route", "prompts",
+            "nightly"},
 }
 
 

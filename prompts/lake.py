@@ -1,0 +1,161 @@
+"""What this stage reads from the lake: the transitions (which prompt each call was
+made with, and how its trajectory ended), and around them the spans (the prompt
+name and version an instrumentation recorded, tool spans that failed, the
+conversation a trace belongs to) and the feedback (users' comments).
+
+Reads only: nothing here writes under the data root. Each reader selects the few
+columns it needs; the heavy ones (whole message lists, attributes) only for the
+rows asked for.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from nightshift.schemas.common import attr
+
+from .identity import SYSTEM_ROLES
+
+#: Where an instrumentation records which managed prompt a call used: the GenAI
+#: conventions' (being added), OpenInference's template version, Langfuse's.
+PROMPT_NAME_KEYS = ("gen_ai.prompt.name", "langfuse.observation.prompt.name")
+PROMPT_VERSION_KEYS = ("gen_ai.prompt.version", "llm.prompt_template.version", "langfuse.observation.prompt.version")
+UNNAMED = "(unnamed)"
+
+
+class NoTransitions(FileNotFoundError):
+    """Nothing built yet under the data root: said, never a traceback."""
+
+
+def _root(data: str) -> str:
+    return data.rstrip("/")
+
+
+def _scan(data: str, dataset: str, storage_options: dict | None) -> pl.LazyFrame:
+    return pl.scan_parquet(f"{_root(data)}/{dataset}/**/*.parquet", hive_partitioning=True,
+                           storage_options=storage_options or None, missing_columns="insert")
+
+
+def _empty(e: Exception) -> bool:
+    return isinstance(e, FileNotFoundError) or "expanded paths were empty" in str(e) or "no such file" in str(e).lower()
+
+
+def agent_expr() -> pl.Expr:
+    """The agent a call belongs to: its agent name, else its service's (an agent
+    program that names no agent is one agent), else UNNAMED."""
+    return pl.coalesce(pl.col("agent_name"), pl.col("service_name"), pl.lit(UNNAMED)).alias("agent")
+
+
+def system_expr() -> pl.Expr:
+    """The leading system/developer messages' contents, as `identity.leading_system` reads them."""
+    role = pl.element().struct.field("role")
+    return (pl.col("input_messages").list.eval(
+        pl.element().filter(role.is_in(list(SYSTEM_ROLES)).cast(pl.Int8).cum_min() == 1)
+        .struct.field("content").fill_null("")).alias("system"))
+
+
+def calls(data: str, since: str = "", storage_options: dict | None = None, agent: str | None = None) -> pl.DataFrame:
+    """One row per call: ids, `agent`, `system` (leading system texts, raw), `tools`
+    (JSON text), `content` (false: recorded without its messages), `model`, `reward`,
+    `start_time`."""
+    lf = _scan(data, "transitions", storage_options)
+    if since:
+        lf = lf.filter(pl.col("start_time") >= pl.lit(since).str.to_datetime(time_zone="UTC"))
+    lf = lf.with_columns(agent_expr())
+    if agent is not None:
+        lf = lf.filter(pl.col("agent") == agent)
+    try:
+        return lf.select(
+            "transition_id", "trajectory_id", "trace_id", "span_id", "step", "agent", system_expr(),
+            pl.col("tools"), (~pl.col("flags").fill_null([]).list.contains("content_missing")).alias("content"),
+            pl.coalesce("response_model", "model").alias("model"), "reward", "start_time",
+        ).collect()
+    except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as e:
+        if _empty(e):
+            raise NoTransitions(f"no transitions under {data} yet (run `nightshift build`)") from None
+        raise
+
+
+def trajectory_outcomes(data: str, trajectory_ids: list[str], storage_options: dict | None = None) -> pl.DataFrame:
+    """`trajectory_id`, `reward`: each trajectory's outcome, the reward of its last rated
+    step over every agent's calls (what `nightshift versions` takes), null when unrated
+    or not finite."""
+    lf = _scan(data, "transitions", storage_options).filter(pl.col("trajectory_id").is_in(trajectory_ids))
+    out = (lf.select("trajectory_id", "step", "reward").collect().sort("trajectory_id", "step")
+           .group_by("trajectory_id", maintain_order=True).agg(pl.col("reward").drop_nulls().last().alias("outcome")))
+    finite = pl.col("outcome").is_finite().fill_null(False)
+    return out.select("trajectory_id", pl.when(finite).then(pl.col("outcome")).alias("reward"),
+                      (pl.col("outcome").is_not_null() & ~finite).alias("bad"))
+
+
+def messages(data: str, transition_ids: list[str], storage_options: dict | None = None) -> list[dict]:
+    """The whole rows of these transitions (messages included), for the few calls the
+    proposer reads."""
+    if not transition_ids:
+        return []
+    lf = _scan(data, "transitions", storage_options).filter(pl.col("transition_id").is_in(transition_ids))
+    return lf.select("transition_id", "trajectory_id", "trace_id", "span_id", "step", "input_messages",
+                     "output_message", "tools", "reward", "finish_reason").collect().to_dicts()
+
+
+def prompt_names(data: str, span_ids: list[str], storage_options: dict | None = None) -> pl.DataFrame:
+    """`span_id`, `prompt_name`, `prompt_version` of the call spans that record them
+    (on the call's own span), empty when no spans dataset or none do."""
+    empty = pl.DataFrame(schema={"span_id": pl.String, "prompt_name": pl.String, "prompt_version": pl.String})
+    if not span_ids:
+        return empty
+    try:
+        lf = _scan(data, "spans", storage_options).filter(pl.col("span_id").is_in(span_ids))
+        df = lf.select("span_id", pl.coalesce([attr(k) for k in PROMPT_NAME_KEYS]).alias("prompt_name"),
+                       pl.coalesce([attr(k) for k in PROMPT_VERSION_KEYS] + [attr(k, "int") .cast(pl.String)
+                                                                              for k in PROMPT_VERSION_KEYS])
+                       .alias("prompt_version")).collect()
+    except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as e:
+        if _empty(e):
+            return empty
+        raise
+    return df.filter(pl.col("prompt_name").is_not_null() | pl.col("prompt_version").is_not_null()).unique("span_id")
+
+
+def around(data: str, trace_ids: list[str], storage_options: dict | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per trace: the tool spans that failed (`trace_id`, `tool`, `message`) and the
+    conversation ids its spans carry (`trace_id`, `conversation_id`); empty frames
+    without a spans dataset."""
+    tools = pl.DataFrame(schema={"trace_id": pl.String, "tool": pl.String, "message": pl.String})
+    convs = pl.DataFrame(schema={"trace_id": pl.String, "conversation_id": pl.String})
+    if not trace_ids:
+        return tools, convs
+    try:
+        lf = _scan(data, "spans", storage_options).filter(pl.col("trace_id").is_in(trace_ids))
+        df = lf.select("trace_id", "name", "status_code", "status_message", "gen_ai_operation_name",
+                       "gen_ai_conversation_id", attr("gen_ai.tool.name").alias("tool_attr"),
+                       attr("tool.name").alias("oi_tool")).collect()
+    except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as e:
+        if _empty(e):
+            return tools, convs
+        raise
+    is_tool = ((pl.col("gen_ai_operation_name") == "execute_tool") | pl.col("tool_attr").is_not_null()
+               | pl.col("oi_tool").is_not_null())
+    tools = df.filter(is_tool & (pl.col("status_code") == "error")).select(
+        "trace_id", pl.coalesce("tool_attr", "oi_tool", "name").alias("tool"),
+        pl.col("status_message").fill_null("").alias("message"))
+    convs = df.filter(pl.col("gen_ai_conversation_id").is_not_null()).select(
+        "trace_id", pl.col("gen_ai_conversation_id").alias("conversation_id")).unique()
+    return tools, convs
+
+
+def comments(data: str, trace_ids: list[str], conversation_ids: list[str],
+             storage_options: dict | None = None) -> pl.DataFrame:
+    """Feedback with a comment on these traces or conversations: `trace_id`,
+    `conversation_id`, `name`, `value`, `comment`."""
+    empty = pl.DataFrame(schema={"trace_id": pl.String, "conversation_id": pl.String, "name": pl.String,
+                                 "value": pl.Float64, "comment": pl.String})
+    try:
+        lf = _scan(data, "feedback", storage_options).filter(
+            (pl.col("trace_id").is_in(trace_ids) | pl.col("conversation_id").is_in(conversation_ids))
+            & pl.col("comment").is_not_null() & (pl.col("comment").str.strip_chars() != ""))
+        return lf.select("trace_id", "conversation_id", "name", "value", "comment").collect()
+    except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as e:
+        if _empty(e):
+            return empty
+        raise
