@@ -10,6 +10,7 @@ to `TrainConfig` from there.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass
 
 from nightshift.settings import invalid, setting, validate
@@ -24,6 +25,33 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 _DATE = r"\d{4}-\d{2}-\d{2}"
+
+#: Where training figures may go besides the step line, and the package each
+#: needs: TensorBoard is installed with Nightshift; wandb and mlflow go through
+#: transformers' own integrations, their packages the user's to install.
+REPORTERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "none": ""}
+
+#: transformers TrainingArguments that `train.trainer_args` may not set: each is
+#: set from one of Nightshift's own settings, or the shared loop depends on it (its
+#: steps by tokens, the memory plan's micro-batches, resumption from its own
+#: folder, the held-out evaluation after training). The value says where it is set.
+OWNED_TRAINER_ARGS = {
+    "output_dir": "train.work_dir (trainer checkpoints to resume from)",
+    "per_device_train_batch_size": "train.tokens_per_step or train.batch_size (the memory plan picks micro-batches)",
+    "gradient_accumulation_steps": "train.tokens_per_step or train.batch_size (the memory plan picks the accumulation)",
+    "auto_find_batch_size": "the memory plan (and its out-of-memory retry)",
+    "gradient_checkpointing": "train.gradient_checkpointing",
+    "max_steps": "train.max_steps", "num_train_epochs": "train.epochs", "learning_rate": "train.learning_rate",
+    "warmup_steps": "train.warmup", "warmup_ratio": "train.warmup (a fraction when below 1)",
+    "weight_decay": "train.weight_decay", "max_grad_norm": "train.max_grad_norm", "seed": "train.seed",
+    "data_seed": "train.seed", "bf16": "train.precision", "fp16": "train.precision", "use_cpu": "the run plan",
+    "torch_compile": "train.compile", "logging_steps": "train.logging_steps", "save_steps": "train.save_steps",
+    "save_strategy": "train.save_steps", "report_to": "train.report_to", "disable_tqdm": "--quiet",
+    "eval_strategy": "the trainer's own held-out evaluation", "remove_unused_columns": "the shared loop",
+    "include_num_input_tokens_seen": "the shared loop (tokens counted per step)",
+    "dataloader_num_workers": "the shared loop (steps are made before training)",
+    "resume_from_checkpoint": "the trainer (a rerun resumes by itself)",
+}
 
 
 @dataclass
@@ -119,7 +147,17 @@ class TrainSettings:
                               bounds="[1, inf)")
     logging_steps: int = setting(10, help="a step line (and TensorBoard point) every this many steps",
                                  bounds="[1, inf)")
-    tensorboard: bool = setting(True, help="write TensorBoard logs beside the version")
+    tensorboard: bool = setting(True, help="write TensorBoard logs beside the version (false: none, whatever "
+                                           "report_to says)")
+    report_to: list[str] = setting(factory=lambda: ["tensorboard"], choices=tuple(REPORTERS),
+                                   help="where training figures go besides the step line: tensorboard (beside the "
+                                        "version), wandb, mlflow (transformers' integrations, set up by their own "
+                                        "environment: WANDB_PROJECT, MLFLOW_TRACKING_URI, ...; their packages are "
+                                        "not installed with Nightshift), or none")
+    trainer_args: dict = setting(factory=dict, help="more transformers TrainingArguments, e.g. {lr_scheduler_type: "
+                                                    "cosine, optim: adamw_torch_fused}; the ones Nightshift sets or "
+                                                    "needs (batch sizes, accumulation, output_dir, max_steps, "
+                                                    "learning_rate, ...) are refused, naming the setting to use")
     work_dir: str = setting("", help="local scratch for trainer checkpoints and TensorBoard logs (default "
                                      "<output>/.runs, or ./nightshift-runs for a remote output)", metavar="DIR")
     tag: str = setting("", help="a label kept in the manifest (the nightly job writes its run id here)")
@@ -141,6 +179,21 @@ class TrainSettings:
                                           "full_finetune")
         if not isinstance(self.select.agents, str) and not all(isinstance(a, str) for a in self.select.agents):
             raise invalid("select.agents", f"a list of agent names, got {self.select.agents!r}")
+        if "none" in self.report_to and len(set(self.report_to)) > 1:
+            raise invalid("report_to", f"none means nowhere; it cannot be listed with others ({self.report_to})")
+        for name in self.report_to:
+            package = REPORTERS[name]
+            if package and importlib.util.find_spec(package) is None:
+                raise invalid("report_to", f"{name} needs the {package} package, which is not installed here "
+                                           f"(pip install {package})")
+        owned = [k for k in self.trainer_args if k in OWNED_TRAINER_ARGS]
+        if owned:
+            raise invalid("trainer_args", "; ".join(f"{k} is Nightshift's: set {OWNED_TRAINER_ARGS[k]}" for k in owned)
+                          + f" (not settable here: {', '.join(OWNED_TRAINER_ARGS)})")
+
+    def reporters(self) -> list[str]:
+        """Where figures go (`report_to`, less TensorBoard when `tensorboard` is off)."""
+        return [r for r in dict.fromkeys(self.report_to) if r != "none" and (r != "tensorboard" or self.tensorboard)]
 
     def check(self) -> None:
         """Refuse settings that would silently do something else."""

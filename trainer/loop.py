@@ -404,8 +404,10 @@ class LoopTrainer(Trainer):
 def training_args(cfg: TrainConfig, plan: RunPlan, out_dir: Path, progress: bool) -> dict:
     """The TrainingArguments every trainer shares: what makes a run fast on a GPU
     and deterministic on a CPU, checkpoints to resume from, no reporting of its
-    own. Batch sizes are each trainer's: steps for the shared loop (`make_trainer`),
-    rows for TRL's."""
+    own (`callbacks` adds it after the step line), and the user's
+    `train.trainer_args` over them (those Nightshift owns are refused by the
+    settings' rules). Batch sizes are each trainer's: steps for the shared loop
+    (`make_trainer`), rows for TRL's."""
     return dict(
         output_dir=str(out_dir),
         learning_rate=cfg.learning_rate,
@@ -430,7 +432,25 @@ def training_args(cfg: TrainConfig, plan: RunPlan, out_dir: Path, progress: bool
         disable_tqdm=not progress,
         eval_strategy="no",
         ddp_find_unused_parameters=False,  # every trainable weight takes part in every forward
-    )
+    ) | dict(cfg.trainer_args)
+
+
+def check_trainer_args(cfg: TrainConfig) -> None:
+    """Refuse a `train.trainer_args` key TrainingArguments does not have, before any
+    work is done (the settings' rules refuse the keys Nightshift owns without
+    importing transformers; this needs it)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from nightshift.settings import SettingsError
+
+    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    unknown = [k for k in cfg.trainer_args if k not in known]
+    if unknown:
+        raise SettingsError(f"train.trainer_args: {', '.join(map(repr, unknown))} "
+                            f"{'is not a' if len(unknown) == 1 else 'are not'} transformers TrainingArguments "
+                            f"field{'s' if len(unknown) > 1 else ''}")
 
 
 def row_batches(cfg: TrainConfig, plan: RunPlan, *, sequences: int = 1, at_least: int = 1) -> dict:
@@ -448,19 +468,32 @@ def row_batches(cfg: TrainConfig, plan: RunPlan, *, sequences: int = 1, at_least
             "include_num_input_tokens_seen": "non_padding"}
 
 
+#: `train.report_to` beyond TensorBoard: transformers' integration for each.
+INTEGRATIONS = {"wandb": "WandbCallback", "mlflow": "MLflowCallback"}
+
+
 def callbacks(cfg: TrainConfig, plan: RunPlan, tb_dir: Path) -> list:
-    """The step line, then TensorBoard (it writes the figures the step line adds);
-    TensorBoard on the main process only: it alone writes the version."""
+    """The step line, then where `train.report_to` sends the figures: after it, so
+    they get the tokens/s and MFU it adds to each record (transformers would put
+    its own report_to callbacks before ours). On the main process only:
+    TensorBoard's logs go into the version it alone writes, and one run is one
+    run in wandb or MLflow."""
+    import transformers.integrations as integrations
+
     from .steplog import StepLog
 
     out: list = [StepLog(device_name=plan.device_name)]
-    if not cfg.tensorboard or plan.rank != 0:
+    if plan.rank != 0:
         return out
-    from torch.utils.tensorboard import SummaryWriter
-    from transformers.integrations import TensorBoardCallback
+    for name in cfg.reporters():
+        if name == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
 
-    tb_dir.mkdir(parents=True, exist_ok=True)
-    return out + [TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
+            tb_dir.mkdir(parents=True, exist_ok=True)
+            out.append(integrations.TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir))))
+        else:
+            out.append(getattr(integrations, INTEGRATIONS[name])())
+    return out
 
 
 def make_trainer(cfg: TrainConfig, plan: RunPlan, model, tok, rows: list[dict], args: dict, callbacks: list,

@@ -130,7 +130,7 @@ def _code_version() -> dict:
 def _run_key(cfg: TrainConfig, content_hash: str) -> str:
     """Same settings and same rows: the same run, so a rerun resumes it."""
     conf = dataclasses.asdict(cfg)
-    for k in ("logging_steps", "tensorboard", "work_dir", "save_steps"):
+    for k in ("logging_steps", "tensorboard", "report_to", "work_dir", "save_steps"):
         conf.pop(k, None)
     return hashlib.sha256(json.dumps([conf, content_hash], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -172,6 +172,9 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
     nothing sound to train on. `callbacks`: more transformers `TrainerCallback`s
     (a benchmark's timer, say), after the step line and TensorBoard."""
     cfg.check()
+    from .loop import check_trainer_args
+
+    check_trainer_args(cfg)
     t_start = time.time()
     algo = algorithms.get(cfg.algorithm)
 
@@ -250,8 +253,15 @@ def train(cfg: TrainConfig, progress: bool = True, callbacks: Sequence = ()) -> 
     from .loop import callbacks as standard_callbacks
     from .loop import training_args
 
-    trainer = algo.trainer(cfg, plan, policy, tok, rows, training_args(cfg, plan, trainer_dir, progress),
-                           standard_callbacks(cfg, plan, run_dir / "tensorboard") + list(callbacks))
+    try:
+        trainer = algo.trainer(cfg, plan, policy, tok, rows, training_args(cfg, plan, trainer_dir, progress),
+                               standard_callbacks(cfg, plan, run_dir / "tensorboard") + list(callbacks))
+    except (TypeError, ValueError) as e:
+        if not cfg.trainer_args:
+            raise
+        from nightshift.settings import SettingsError
+
+        raise SettingsError(f"train.trainer_args {cfg.trainer_args}: transformers refused them: {e}") from None
     from transformers import PrinterCallback, ProgressCallback
 
     # the step line (steplog.StepLog) replaces transformers' printed log dicts; the
