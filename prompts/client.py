@@ -142,7 +142,7 @@ def _content(body: bytes, where: str) -> tuple[str, dict]:
     return content, doc
 
 
-def chat(endpoint: Endpoint, messages: list[dict], *, sleep=time.sleep) -> Reply:
+def chat(endpoint: Endpoint, messages: list[dict], *, sleep=None) -> Reply:
     """One chat completion. Retries (up to `endpoint.retries`) a timeout, a refused or
     dropped connection, and 408/409/429/5xx, waiting 1, 2, 4 ... s (or the answer's
     Retry-After, at most 30 s); anything else is a ProposerError at once."""
@@ -189,5 +189,5 @@ def chat(endpoint: Endpoint, messages: list[dict], *, sleep=time.sleep) -> Reply
             conn.close()
         if attempt < endpoint.retries:
             log.warning("%s; retrying in %.0f s (%d of %d)", last, wait, attempt + 1, endpoint.retries)
-            sleep(wait)
+            (sleep or time.sleep)(wait)
     raise ProposerError(last + (f" (after {endpoint.retries + 1} tries)" if endpoint.retries else ""))

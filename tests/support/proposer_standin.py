@@ -18,8 +18,8 @@ Broken proposers for the tests: `script` is a list of modes, one per request
 of 200,000 characters), `unchanged` (the prompt as sent), `drop_placeholder`
 (the prompt without its {{slots}}), `no_block` (text without <prompt> tags).
 `key`: requests without `Authorization: Bearer <key>` get 401 with the key they
-should have sent echoed in the message (as some APIs echo part of it), to test
-that Nightshift never repeats it. Every request is kept in `requests`
+did send echoed in the message (as some APIs echo part of it), to test that
+Nightshift never repeats it. Every request is kept in `requests`
 (headers, body).
 
 Run alone for the demo: `python tests/support/proposer_standin.py --port 8300`;
@@ -168,7 +168,8 @@ class Standin:
                 standin.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body,
                                          "path": self.path})
                 if standin.key and self.headers.get("Authorization") != f"Bearer {standin.key}":
-                    msg = f"Incorrect API key provided. Expected {standin.key}."
+                    sent = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                    msg = f"Incorrect API key provided: {sent}."
                     return self._send(401, json.dumps({"error": {"message": msg}}).encode())
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, b'{"error": {"message": "not found"}}')
