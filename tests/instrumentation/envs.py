@@ -173,6 +173,36 @@ def ensure(name: str, tool: str | None = None) -> Path:
     return python_of(name)
 
 
+def ensure_packages(name: str, packages: list[str], constraints: str) -> Path:
+    """The python of environment `name` holding exactly `packages` (as a user's
+    `pip install A B C` names them, unpinned), their versions fixed by the pin list
+    `constraints` (`requirements/<constraints>.txt`, as `pip -c`): what a README tells
+    a user to install, reproducibly. Cached like `ensure`, keyed on both."""
+    tool = installer()
+    kind = "pip" if tool == "pip" else "uv"
+    pins = requirements_file(constraints)
+    h = hashlib.sha256()
+    h.update("\0".join(packages).encode() + b"\0" + pins.read_bytes())
+    h.update(f"\0{sys.version_info[:3]}\0{kind}\0{LAYOUT_VERSION}".encode())
+    want = h.hexdigest()
+    root = env_dir(name)
+    with _locked(cache_root() / f".{name}.lock"):
+        stamp = root / STAMP
+        if stamp.exists() and stamp.read_text() == want and python_of(name).exists():
+            return python_of(name)
+        shutil.rmtree(root, ignore_errors=True)
+        if kind == "uv":
+            _run([tool, "venv", "--quiet", "--python", _base_python(), str(root)], f"{name}: uv venv")
+            _run([tool, "pip", "install", "--compile-bytecode", "--python", str(python_of(name)), "-c", str(pins),
+                  *packages], f"{name}: uv pip install {' '.join(packages)}")
+        else:
+            _run([_base_python(), "-m", "venv", str(root)], f"{name}: python -m venv")
+            _run([str(python_of(name)), "-m", "pip", "install", "--quiet", "-c", str(pins), *packages],
+                 f"{name}: pip install {' '.join(packages)}")
+        stamp.write_text(want)
+    return python_of(name)
+
+
 def ensure_all(which: list[str] | None = None) -> dict[str, Path | EnvError]:
     """Every environment in `which` (default: all), built in parallel. Failures come
     back as EnvError values so each test can fail with its own environment's error."""
