@@ -3,6 +3,14 @@ the plain computation (the head over every kept position, [K, V] logits, then
 log-softmax), values and gradients, on tiny Qwen2 and Llama models; keep no
 [K, V] tensor for backward; work through DDP; and give evaluation its exact KL.
 
+Each holds for both paths of the head: ours ("auto" on a CPU: the frozen head's
+gradient taken in the forward, a trained head's chunks recomputed) and TRL's
+fused one ("fused", what "auto" picks on CUDA with Triton). On a CPU the fused
+path folds its tiles with TRL's torch fallback instead of its Triton kernel; the
+wiring tested here (the head's weight read inside the forward, tied embeddings,
+temperature, gradients to the head, DDP) is the same. Its vocabulary tiles are
+made small (`small_tiles`) so a tiny vocabulary spans several of them.
+
 Tolerances: fp32 on a CPU, the same matmuls in other groupings: values within
 1e-5 absolute (log-probs are O(1-10)), gradients within 1e-4 relative + 1e-6.
 """
@@ -71,15 +79,24 @@ def model_for(tok, arch: str, kind: str):
     return m
 
 
+METHODS = ["auto", "fused"]
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(logprobs, "FUSED_VOCAB_CHUNK", 100)  # 512 tokens: 6 tiles, the last partial
+
+
 def grads_of(model, logp: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     g = torch.autograd.grad((logp * weights).sum(), list(params.values()), allow_unused=True)
     return {n: x for n, x in zip(params, g) if x is not None}
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("kind", ["lora", "full", "untied"])
-def test_chunked_equals_plain_values_and_grads(tok, arch, kind):
+def test_chunked_equals_plain_values_and_grads(tok, arch, kind, method, small_tiles):
     model = model_for(tok, arch, kind)
     feats = features(tok)
     for packed in (True, False):
@@ -87,7 +104,7 @@ def test_chunked_equals_plain_values_and_grads(tok, arch, kind):
         weights = torch.linspace(-1.0, 2.0, batch["targets"].numel())  # pg's per-token weights, signs mixed
         for temperature in (1.0, 0.7):
             want = plain_logprobs(model, batch, temperature)
-            got = logprobs.completion_logprobs(model, batch, temperature=temperature, chunk_tokens=3)
+            got = logprobs.completion_logprobs(model, batch, temperature=temperature, chunk_tokens=3, method=method)
             assert got.dtype == torch.float32 and got.shape == want.shape
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
             g_want, g_got = grads_of(model, want, weights), grads_of(model, got, weights)
@@ -101,14 +118,15 @@ def test_chunked_equals_plain_values_and_grads(tok, arch, kind):
         assert g_got[head].abs().sum() > 0
 
 
-def test_no_grad_path_equals_and_default_chunk(tok):
+@pytest.mark.parametrize("method", METHODS)
+def test_no_grad_path_equals_and_default_chunk(tok, method, small_tiles):
     """μ is recomputed under no_grad (no checkpointing then); the default chunk
     (LOGIT_CHUNK_ELEMENTS / vocabulary) covers a tiny vocabulary in one piece."""
     model = model_for(tok, "qwen2", "full")
     batch = collate(features(tok), tok.pad_token_id, True)
     want = plain_logprobs(model, batch, 0.5)
     with torch.no_grad():
-        got = logprobs.completion_logprobs(model, batch, temperature=0.5)
+        got = logprobs.completion_logprobs(model, batch, temperature=0.5, method=method)
     assert not got.requires_grad
     torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=0)
 
@@ -125,8 +143,9 @@ def saved_for_backward(fn) -> list[tuple[int, ...]]:
     return shapes
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("kind", ["lora", "full"])
-def test_no_vocabulary_sized_tensor_kept_for_backward(tok, kind):
+def test_no_vocabulary_sized_tensor_kept_for_backward(tok, kind, method, small_tiles):
     """What backward keeps: the plain path holds the [K, V] logits (the check sees
     them); the chunked path not even one chunk of them, whether the head is
     frozen (LoRA: each token's gradient vector kept) or trains (recomputed)."""
@@ -138,7 +157,8 @@ def test_no_vocabulary_sized_tensor_kept_for_backward(tok, kind):
         return sum(s[0] if len(s) == 2 else 1 for s in shapes if s and s[-1] == vocab)
 
     assert logit_rows(saved_for_backward(lambda: plain_logprobs(model, batch))) >= k
-    assert logit_rows(saved_for_backward(lambda: logprobs.completion_logprobs(model, batch, chunk_tokens=4))) == 0
+    assert logit_rows(saved_for_backward(
+        lambda: logprobs.completion_logprobs(model, batch, chunk_tokens=4, method=method))) == 0
 
 
 @pytest.mark.parametrize("kind, calls_per_chunk", [("lora", 1), ("full", 2)])
@@ -158,11 +178,12 @@ def test_frozen_head_is_not_recomputed(tok, kind, calls_per_chunk):
     assert sum(calls) == calls_per_chunk * k and len(calls) == calls_per_chunk * math.ceil(k / 8)
 
 
-def test_empty_completion_backpropagates_zero(tok):
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_completion_backpropagates_zero(tok, method):
     model = model_for(tok, "qwen2", "lora")
     feats = [{"input_ids": [5, 6, 7], "completion_start": 3, "advantage": 1.0, "weight": 1.0}]
     batch = collate(feats, tok.pad_token_id, True)
-    logp = logprobs.completion_logprobs(model, batch)
+    logp = logprobs.completion_logprobs(model, batch, method=method)
     assert logp.shape == (0,)
     logp.sum().backward()  # an all-empty micro-batch must not break the step
 
@@ -216,11 +237,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_through_ddp_gradients_arrive(tok):
+@pytest.mark.parametrize("method", METHODS)
+def test_through_ddp_gradients_arrive(tok, method, small_tiles):
     """A 1-process gloo group: the forward enters DDP's __call__ and DDP's reducer
     all-reduces the gradient of every parameter, the head's and the embeddings'
     included (its communication hook counts them), each of two steps; the
-    gradients equal the unwrapped model's."""
+    gradients equal the unwrapped model's (the fused path reads the head's weight
+    directly: from inside the forward, so the reducer still sees it)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -246,7 +269,7 @@ def test_through_ddp_gradients_arrive(tok):
         for _ in range(2):
             wrapped.zero_grad()
             reduced.clear()
-            lp = logprobs.completion_logprobs(ddp, batch, chunk_tokens=5)
+            lp = logprobs.completion_logprobs(ddp, batch, chunk_tokens=5, method=method)
             lp.mul(weights).sum().backward()
             assert sum(reduced) == every
         torch.testing.assert_close(lp, plain_lp, atol=1e-5, rtol=0)
@@ -280,3 +303,51 @@ def test_kl_after_accelerate_wrapped_the_forward(tok):
     logp, kl = logprobs.completion_logprobs_and_kl(policy, batch, logprobs.adapter_off(policy))
     torch.testing.assert_close(logp, logprobs.completion_logprobs(policy, batch), atol=2e-2, rtol=0)
     assert torch.isfinite(kl).all() and kl.max() > 0
+
+
+def test_auto_takes_the_fused_head_only_where_it_may_read_the_weight(tok, monkeypatch):
+    """"auto" picks TRL's fused head where its Triton fold runs (CUDA; pretended
+    here) and the head is a plain Linear nothing hooks into; a LoRA on the head or
+    a hook (accelerate's, FSDP's) keeps ours, which calls the head module."""
+    from peft import LoraConfig, get_peft_model
+
+    assert not logprobs.fused_available(torch.device("cpu")) and logprobs.head_kind(torch.device("cpu")) == "chunked"
+    monkeypatch.setattr(logprobs, "fused_available", lambda device: True)
+    used: list[str] = []
+    real = logprobs._fused_logprobs
+    monkeypatch.setattr(logprobs, "_fused_logprobs", lambda *a: used.append("fused") or real(*a))
+    batch = collate(features(tok), tok.pad_token_id, True)
+    plain = model_for(tok, "qwen2", "lora")
+    logprobs.completion_logprobs(plain, batch)
+    assert used == ["fused"]
+    hooked = model_for(tok, "qwen2", "lora")
+    handle = hooked.get_output_embeddings().register_forward_hook(lambda *a: None)
+    logprobs.completion_logprobs(hooked, batch)
+    handle.remove()
+    lora_head = get_peft_model(tiny.build_model(tok, "qwen2", seed=1),
+                               LoraConfig(r=4, lora_alpha=8, target_modules=["lm_head", "q_proj"], lora_dropout=0.0))
+    got = logprobs.completion_logprobs(lora_head, batch)
+    assert used == ["fused"]  # neither of the last two
+    torch.testing.assert_close(got, plain_logprobs(lora_head, batch), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="no head method 'triton'"):
+        logprobs.completion_logprobs(plain, batch, method="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_fused_head_equals_ours(tok):
+    """On the device: "auto" runs TRL's fused head with its Triton fold (where
+    Triton is installed) and agrees with ours ("jacobian") in bf16, values and the
+    adapter's gradients. bf16 logits either way, folded in fp32: 2e-2 absolute on
+    log-probs, gradients 5e-2 relative (bf16 rounding of the logits' gradient)."""
+    device = torch.device("cuda")
+    assert logprobs.head_kind(device) == ("fused" if logprobs.fused_available(device) else "chunked")
+    model = model_for(tok, "qwen2", "lora").to(device, torch.bfloat16)
+    batch = {k: v.to(device) for k, v in collate(features(tok), tok.pad_token_id, True).items()}
+    weights = torch.linspace(-1.0, 2.0, batch["targets"].numel(), device=device)
+    auto = logprobs.completion_logprobs(model, batch, temperature=0.7)
+    ours = logprobs.completion_logprobs(model, batch, temperature=0.7, method="jacobian")
+    torch.testing.assert_close(auto, ours, atol=2e-2, rtol=0)
+    g_auto, g_ours = grads_of(model, auto, weights), grads_of(model, ours, weights)
+    for name in g_ours:
+        torch.testing.assert_close(g_auto[name].float(), g_ours[name].float(), rtol=5e-2, atol=1e-3, msg=name)

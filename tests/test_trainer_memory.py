@@ -589,8 +589,10 @@ def _gpu_case(shape: ModelShape, lengths: list[int], checkpoint_layers: int, com
     torch.cuda.synchronize()
     allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     ck = "off" if checkpoint_layers == 0 else "full" if checkpoint_layers >= shape.layers else "selective"
+    from nightshift.trainer.logprobs import head_kind
+
     est = estimate_peak(shape, micro_batch_tokens=max(lengths), lora_r=16, dtype_bytes=2, checkpointing=ck,
-                        checkpoint_layers=checkpoint_layers, attention="sdpa", head="chunked",
+                        checkpoint_layers=checkpoint_layers, attention="sdpa", head=head_kind(device),
                         logits_positions=completion)
     return allocated, reserved, est
 

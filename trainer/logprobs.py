@@ -22,13 +22,19 @@ module that calls the original head chunk by chunk from inside the forward
 (`_swapped_head`). The original head module is what computes the logits, so a
 LoRA on the head, tied embeddings and full fine-tuning all get their gradients.
 
-Compared (see benchmarks/gpu_kernels.py for the GPU figures): TRL's
-`ChunkedLogProbFunction` (trl.kernels, what SFTTrainer's default loss uses)
+On CUDA with Triton the head runs as TRL's `ChunkedLogProbFunction`
+(trl.kernels, what SFTTrainer's default loss uses; 2.5x ours on the head alone
+on an H200, `_fused_logprobs` says why; in a training step not yet measured): it
 tiles the vocabulary too and folds tiles with a Triton kernel, accumulating
-gradients in fp32; it reads `lm_head.weight` directly, so a LoRA'd head gets no
-gradient. Liger's fused linear cross-entropy computes the gradient during the
-forward (no recompute) but only for a cross-entropy whose upstream gradient is
-known then, not for pg's per-token weights; it is the slowest in TRL's H100
+gradients in fp32. It reads `lm_head.weight` directly, so
+it is used only for a plain Linear head nothing hooks into (a LoRA'd head would
+get no gradient), called from inside the forward like the rest. Elsewhere (a
+CPU, where ours is faster; no Triton; another head) the paths above.
+
+Compared (see benchmarks/gpu_kernels.py for the GPU figures): Liger's fused
+linear cross-entropy computes the gradient during the forward (no recompute) but
+only for a cross-entropy whose upstream gradient is known then, not for pg's
+per-token weights; it is the slowest in TRL's H100
 microbenchmark. Apple's Cut Cross-Entropy is the fastest and smallest there but
 needs Triton on CUDA and has no CPU path. Checkpointed chunks are plain torch:
 the same code on a CPU test and a GPU run, any head module, any loss on top.
@@ -70,15 +76,16 @@ class CompletionStates:
 
 
 def completion_logprobs(model, batch: dict[str, torch.Tensor], *, temperature: float = 1.0,
-                        chunk_tokens: int | None = None) -> torch.Tensor:
+                        chunk_tokens: int | None = None, method: str = "auto") -> torch.Tensor:
     """log π of every completion token in `batch` (trainer.pg.collate's dict), [K]
     float32, differentiable. `temperature`: the distribution a server sampled
     from, log softmax(logits / T). `chunk_tokens`: tokens per head chunk (default:
-    `LOGIT_CHUNK_ELEMENTS` / vocabulary)."""
+    `LOGIT_CHUNK_ELEMENTS` / vocabulary). `method`: how the head runs, "auto"
+    (`head_kind`'s choice) or one of `_chunked_logprobs`' methods."""
     targets = batch["targets"]
 
     def head_fn(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return _chunked_logprobs(head, hidden, targets.to(hidden.device), temperature, chunk_tokens)
+        return _chunked_logprobs(head, hidden, targets.to(hidden.device), temperature, chunk_tokens, method=method)
 
     return _forward(model, batch, head_fn)
 
@@ -256,9 +263,14 @@ def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch
 def _chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
                       chunk_tokens: int | None, *, method: str = "auto") -> torch.Tensor:
     """log π of each target, [K] fp32, one chunk of logits alive at a time.
-    method: "auto" (frozen plain head: "jacobian", else "checkpoint"), or either."""
+    method: "auto" (on CUDA with Triton, a plain head: "fused"; else a frozen plain
+    head: "jacobian", a head that trains: "checkpoint"), or any of the three."""
+    if method not in ("auto", "fused", "jacobian", "checkpoint"):
+        raise ValueError(f"completion log-probs: no head method {method!r} (auto, fused, jacobian or checkpoint)")
     if hidden.shape[0] == 0:  # still connected to the graph: an empty micro-batch backpropagates zeros
         return hidden.sum(-1).float()
+    if method == "fused" or (method == "auto" and _fused_fits(head, hidden)):
+        return _fused_logprobs(head, hidden, targets, temperature)
     step = _chunk(chunk_tokens, head, hidden)
     head_trains = any(p.requires_grad for p in head.parameters())
     if not torch.is_grad_enabled() or not (hidden.requires_grad or head_trains):
@@ -271,6 +283,65 @@ def _chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torc
     # keep only each chunk's input; backward recomputes its logits
     return _cat([checkpoint(_target_logprobs, head, hidden[i:i + step], targets[i:i + step], temperature,
                             use_reentrant=False) for i in range(0, hidden.shape[0], step)])
+
+
+#: Vocabulary columns of one tile of the fused path (TRL SFTTrainer's own choice:
+#: a [4,096 x 32,768] bf16 tile is 256 MiB).
+FUSED_VOCAB_CHUNK = 32768
+
+
+def fused_available(device: torch.device) -> bool:
+    """Whether TRL's fused head (`ChunkedLogProbFunction`) runs with its Triton fold
+    on `device`. Without Triton it folds tiles with torch ops, several fp32 passes
+    over each: no faster than "jacobian", so "auto" keeps ours there."""
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        from transformers.utils import is_triton_available
+        from trl.kernels.chunked_logprob import ChunkedLogProbFunction  # noqa: F401
+    except ImportError:
+        return False
+    return bool(is_triton_available())
+
+
+def head_kind(device: torch.device) -> str:
+    """The memory estimator's name for the head "auto" runs on `device` (a plain
+    LM head, as every model we load has): "fused" or "chunked"."""
+    return "fused" if fused_available(device) else "chunked"
+
+
+def _fused_fits(head: torch.nn.Module, hidden: torch.Tensor) -> bool:
+    """A plain Linear head whose weight the fused path may read directly: nothing
+    hooked into its forward (a LoRA on the head, accelerate's offload hooks,
+    FSDP's gathering are all module types or hooks of their own), on the device of
+    the states."""
+    return (type(head) is torch.nn.Linear and not head._forward_hooks and not head._forward_pre_hooks
+            and "forward" not in vars(head) and head.weight.device == hidden.device
+            and type(head.weight) in (torch.Tensor, torch.nn.Parameter) and fused_available(hidden.device))
+
+
+def _fused_logprobs(head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+    """TRL's `ChunkedLogProbFunction`: the head's matmul on [4,096 x FUSED_VOCAB_CHUNK]
+    tiles into one preallocated buffer, each tile folded into an online logsumexp
+    and the target's logit by one Triton kernel that reads it once in the compute
+    dtype; backward recomputes each tile, turns it into the logits' gradient in
+    place and accumulates the hidden (and, where the head trains, weight)
+    gradients in fp32: three head matmuls for a frozen head and ~12 bytes of
+    memory traffic per logit. Our "jacobian" path does two matmuls but then runs
+    about ten elementwise kernels over every chunk of logits, most in fp32
+    (upcast, logsumexp, subtract, exp, negate, scatter, downcast), ~50 bytes per
+    logit by our count. On an H200 that traffic, not the matmuls, is the cost (at
+    hidden 896 a logit's matmul is 1.8 kFLOP, about 9 bytes' worth of HBM time),
+    which is why TRL's measured 691k tokens/s against its 275k on 4,096 x 151,936
+    (benchmarks/gpu_kernels.py; within 1e-6 of each other). On a CPU the matmuls
+    dominate and "jacobian", one fewer, wins. Reads `head.weight` directly, so it
+    is called from inside the model's forward (`_swapped_head`): DDP's reducer
+    sees the weight's gradient as it would the head's."""
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    return ChunkedLogProbFunction.apply(hidden, head.weight, head.bias, targets, float(temperature),
+                                        FUSED_VOCAB_CHUNK, None, 1.0, ())[0]
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

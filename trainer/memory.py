@@ -207,7 +207,10 @@ def head_bytes(shape: ModelShape, *, head: str, dtype_bytes: int, tokens: int, p
     kept: the old pg path: logits at `region` positions (rows x the span from the
       first completion to the end), made fp32 by accelerate's autocast wrapper,
       the `positions` completion rows gathered in fp32 and kept for backward.
-    fused: TRL 1.16 SFTTrainer's fused head (what the measured sft rows ran).
+    fused: TRL 1.16's fused head (what the measured sft rows ran, and what
+      trainer/logprobs.py runs on CUDA with Triton): the completion states kept,
+      their fp32 gradient and one [4,096 x 32,768] tile; a head that trains adds its
+      weight's gradient accumulated in fp32, then cast.
     full: plain logits and cross-entropy at every position.
     """
     b, d, v = dtype_bytes, shape.hidden, shape.vocab
@@ -236,7 +239,7 @@ def head_bytes(shape: ModelShape, *, head: str, dtype_bytes: int, tokens: int, p
         return max(forward, gather, backward)
     if head == "fused":
         tile = min(positions, TRL_TILE[0]) * TRL_TILE[1] * b
-        return positions * d * (b + 4) + tile
+        return positions * d * (b + 4) + tile + (v * d * (4 + b) if head_trains else 0)
     if head == "full":
         # the logits in fp32 for the loss (compute-dtype ones freed once upcast, unless
         # the caller keeps the output), log-softmax kept, and its gradient
@@ -361,6 +364,7 @@ class PlanInputs:
     completion_share: float = 1.0
     available_bytes: int | None = None
     longest_row: int = 0  # the longest row the data has (0: unknown, max_length)
+    head: str = "chunked"  # the LM head's path (trainer/logprobs.py's head_kind)
 
 
 def _level_name(layers: int, k: int) -> str:
@@ -493,7 +497,7 @@ def _estimate(inp: PlanInputs, micro: int, width: int, k: int) -> int:
     return estimate_peak(inp.shape, micro_batch_tokens=micro, rows=rows, width=w, lora_r=inp.lora_r,
                          full_finetune=inp.full_finetune, dtype_bytes=inp.dtype_bytes,
                          checkpointing=_level_name(inp.shape.layers, k), checkpoint_layers=k,
-                         attention=inp.attention, head="chunked",
+                         attention=inp.attention, head=inp.head,
                          logits_positions=max(1, math.ceil(micro * inp.completion_share)))
 
 
@@ -516,7 +520,7 @@ def plan(shape: ModelShape, *, tokens_per_step: int, max_length_wanted: int = 0,
          lora_r: int = 16, full_finetune: bool = False, dtype_bytes: int = 2, available_bytes: int | None = None,
          attention: str = "varlen", packed: bool = True, checkpointing: str = "auto",
          completion_share: float = 1.0, free_bytes: int | None = None,
-         memory_fraction: float | None = None) -> MemoryPlan:
+         memory_fraction: float | None = None, head: str = "chunked") -> MemoryPlan:
     """The micro-batch and checkpointing for a run, from the model's shape and the
     memory available (`device_budget`; None: no limit).
 
@@ -527,6 +531,8 @@ def plan(shape: ModelShape, *, tokens_per_step: int, max_length_wanted: int = 0,
     checkpointing: auto (the plan chooses) | off | selective | on/full (honoured;
     the micro-batch adapts). completion_share: the largest share of a micro-batch's
     tokens that are completion tokens (the head's memory follows it; 1.0 is safe).
+    head: the LM head's path, "chunked" (ours) or "fused" (TRL's, which
+    trainer/logprobs.py runs on CUDA with Triton: `head_kind`).
 
     The rule: the fewest checkpointed layers whose largest fitting micro-batch
     reaches `EFFICIENT_TOKENS` (or a whole step, or the longest row, if that is
@@ -542,7 +548,7 @@ def plan(shape: ModelShape, *, tokens_per_step: int, max_length_wanted: int = 0,
     inp = PlanInputs(shape=shape, tokens_per_step=tokens_per_step, lora_r=lora_r, full_finetune=full_finetune,
                      dtype_bytes=dtype_bytes, attention=attention, packed=packed,
                      completion_share=min(max(completion_share, 0.0), 1.0), available_bytes=available_bytes,
-                     longest_row=max(0, longest_row))
+                     longest_row=max(0, longest_row), head=head)
     notes: list[str] = []
     limit = shape.max_positions or 32768
     max_length = max_length_wanted or limit
@@ -560,7 +566,7 @@ def plan(shape: ModelShape, *, tokens_per_step: int, max_length_wanted: int = 0,
         if not fitting:
             est = _estimate(inp, TOKEN_QUANTUM, TOKEN_QUANTUM, most) * ALLOCATOR_OVERHEAD / GIB
             parts = estimate(shape, micro_batch_tokens=0, lora_r=lora_r, full_finetune=full_finetune,
-                             dtype_bytes=dtype_bytes, head="chunked", logits_positions=0)
+                             dtype_bytes=dtype_bytes, head=head, logits_positions=0)
             raise MemoryPlanError(
                 f"memory plan: {shape.name} does not fit in the {available_bytes / GIB:.1f} GiB available: its "
                 f"weights and training state take {(parts.weights + parts.trainable) / GIB:.1f} GiB, and "

@@ -107,6 +107,7 @@ ROW_TOKENS_GUESS = 8192
 def _memory(cfg: TrainConfig, plan: RunPlan, shape, *, max_length: int, longest_row: int = 0,
             completion_share: float = 1.0) -> MemoryPlan:
     from . import memory
+    from .logprobs import head_kind
 
     available, free = memory.device_budget(cfg.memory_fraction, plan.device)
     if plan.rows_per_step:
@@ -120,7 +121,7 @@ def _memory(cfg: TrainConfig, plan: RunPlan, shape, *, max_length: int, longest_
         dtype_bytes=plan.dtype.itemsize, available_bytes=available,
         attention=memory.attention_kind(plan.attention, plan.packed), packed=plan.packed,
         checkpointing=cfg.gradient_checkpointing, completion_share=completion_share, free_bytes=free,
-        memory_fraction=cfg.memory_fraction)
+        memory_fraction=cfg.memory_fraction, head=head_kind(plan.device))
 
 
 def work_out(cfg: TrainConfig, model_config=None) -> RunPlan:
