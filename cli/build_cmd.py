@@ -7,6 +7,8 @@ import sys
 
 from nightshift.settings import flags_of, load
 
+from .helptext import epilog
+
 DESCRIPTION = """Turn the spans under --data into the transitions dataset: one row per LLM call
 (state: the input messages and tools; action: the output message and its tool
 calls) with a credit-assigned reward and an advantage, written to
@@ -39,33 +41,36 @@ EPILOG = """YAML section `transform:` (and top-level `data:`), e.g.:
     agents_include: "writer|rewriter"
     reward: {name: "", keys: [app.reward], functions: [mypkg.rewards:judge], prefer: [feedback, function, span]}
     credit: {strategy: identical, gamma: 0.9}   # identical | discounted | last | per_step
-    advantage: {baseline: group, normalize: false, weighting: trajectory}
+    advantage: {baseline: group, normalize: false, weighting: trajectory}"""
 
-Environment: NIGHTSHIFT_DATA, NIGHTSHIFT_TRANSFORM_SETTLE, NIGHTSHIFT_TRANSFORM_CREDIT_STRATEGY, ...
-Exit codes: 0 built, 1 nothing to build from, 2 bad settings."""
+#: Where the transform stage's commands read their settings (`helptext.tail`'s first two).
+TRANSFORM_SETTINGS = ("the `transform:` section and top-level `data:`",
+                      "NIGHTSHIFT_TRANSFORM_* (NIGHTSHIFT_TRANSFORM_CREDIT_STRATEGY for nested keys), NIGHTSHIFT_DATA")
 
 
 def add_build(sub, common) -> None:
     from nightshift.transform.config import TransformConfig
 
     b = sub.add_parser("build", help="build the transitions dataset (one credit-assigned row per LLM call)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, epilog=epilog(EPILOG, *TRANSFORM_SETTINGS,
+                                                              "0 built, 1 nothing to build from, 2 bad settings"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     common(b, TransformConfig, "transform")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_build)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .console import setup_logging
+    from .console import say, setup_logging
     from nightshift.transform.build import BuildError, build
     from nightshift.transform.config import TransformConfig
 
     cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
-    setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning", args.log_format)
     try:
         summary = build(cfg, progress=not args.quiet and sys.stderr.isatty())
     except BuildError as e:
-        print(f"nightshift build: {e}", file=sys.stderr)
+        say(f"nightshift build: {e}", args.log_format)
         return 1
     for line in summary.lines():
         print(line)

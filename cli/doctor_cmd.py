@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 import urllib.error
 import urllib.request
 
 from nightshift.settings import flags_of, load
+
+from .build_cmd import TRANSFORM_SETTINGS
+from .helptext import epilog
 
 DESCRIPTION = """Read the spans of the last hours (the traces that received a span in the
 window, whole) with the build's own rules and say, per service and agent: which
@@ -25,9 +27,8 @@ With --collector URL (a running collector's HTTP address), it also says what the
 collector holds in its write-ahead log and has not written to Parquet yet (the
 doctor reads Parquet), and which requests it refused, and why."""
 
-EPILOG = """Exit codes: 0 the data would build rewarded transitions with content now,
-1 it would not (the findings say why), 2 bad settings.
---json prints the report as one JSON object (services, agents, findings, ok)."""
+EPILOG = """--json prints the report as one JSON object (services, agents, findings, ok)."""
+EXITS = "0 the data would build rewarded transitions with content now, 1 it would not (the findings say why), 2 bad settings"
 
 #: Settings the doctor reads: where the data is and what the build does with it.
 SETTINGS = ("data", "trajectory", "group_by", "settle", "agents_include", "agents_exclude", "storage_options",
@@ -50,7 +51,8 @@ def add_doctor(sub, common) -> None:
     from nightshift.transform.config import TransformConfig
 
     d = sub.add_parser("doctor", help="say what the stored spans would become, and the setting that fixes each gap",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, epilog=epilog(EPILOG, *TRANSFORM_SETTINGS, EXITS),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     common(d, TransformConfig, "transform", SETTINGS)
     d.add_argument("--hours", type=float, default=24.0, metavar="H",
                    help="look at traces that received a span in the last H hours (default 24; 0: everything)")
@@ -66,12 +68,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from nightshift.transform import doctor, recent
     from nightshift.transform.config import TransformConfig
 
-    from .console import setup_logging
+    from .console import say, setup_logging
 
     cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
-    setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning", args.log_format)
     if args.hours < 0 or args.max_traces < 0:
-        print("nightshift doctor: --hours and --max-traces must be 0 (everything) or more", file=sys.stderr)
+        say("nightshift doctor: --hours and --max-traces must be 0 (everything) or more", args.log_format)
         return 2
     now = time.time_ns()
     window = recent.read(cfg.data, args.hours, now, cfg.storage_options, args.max_traces)
@@ -83,7 +85,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                                  f"{cfg.data}, traces active in {span}{sample} (clock {doctor.clock(now)})",
                                  now - int(args.hours * 3600e9) if args.hours else None)
     except ValueError as e:  # a reward function that cannot be loaded
-        print(f"nightshift doctor: {e}", file=sys.stderr)
+        say(f"nightshift doctor: {e}", args.log_format)
         return 2
     for what in window.unreadable[:10]:
         report.add("warning", "data", f"unreadable, left out: {what}", "a torn or foreign file in a dataset folder",

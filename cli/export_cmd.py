@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from nightshift.settings import flags_of, load
+
+from .build_cmd import TRANSFORM_SETTINGS
+from .helptext import epilog
 
 DESCRIPTION = """Write the transitions under --data as training examples in OpenAI / TRL chat
 format, tool calls nested as {"id", "type": "function", "function": {"name",
@@ -37,9 +39,7 @@ EPILOG = """Examples:
   import polars as pl
   df = pl.read_parquet("sft.parquet")
   df = df.with_columns(df["messages"].ext.storage().str.json_decode())
-  df.group_by("agent_name").agg(pl.len(), pl.col("reward").mean())
-
-Exit codes: 0 written, 1 nothing to export, 2 bad arguments."""
+  df.group_by("agent_name").agg(pl.len(), pl.col("reward").mean())"""
 
 
 def add_export(sub, common) -> None:
@@ -47,7 +47,9 @@ def add_export(sub, common) -> None:
     from nightshift.transform.export import ARGUMENTS, FORMATS
 
     e = sub.add_parser("export", help="write the transitions as chat-format training examples (Parquet or JSON lines)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, epilog=epilog(EPILOG, *TRANSFORM_SETTINGS,
+                                                              "0 written, 1 nothing to export, 2 bad arguments"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     common(e, TransformConfig, "transform", ("data", "storage_options", "since", "until"))
     e.add_argument("--to", required=True, metavar="FILE", help="the output: .parquet, .jsonl or .json")
     e.add_argument("--format", dest="fmt", choices=FORMATS, default="messages", help="default: messages")
@@ -63,15 +65,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from nightshift.transform.config import TransformConfig
     from nightshift.transform.export import ExportError, NothingToExport, export
 
-    from .console import setup_logging
+    from .console import say, setup_logging
 
     cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
-    setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning", args.log_format)
     try:
         st = export(cfg.data, args.to, args.fmt, args.arguments, rewarded_only=args.rewarded, agents=args.agents,
                     since=cfg.since, until=cfg.until, storage_options=cfg.storage_options)
     except ExportError as e:
-        print(f"nightshift export: {e}", file=sys.stderr)
+        say(f"nightshift export: {e}", args.log_format)
         return 1 if isinstance(e, NothingToExport) else 2
     left = [f"{n} {why}" for n, why in ((st.no_content, "without their messages (content capture was off: see "
                                                         "`nightshift doctor`)"),

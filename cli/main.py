@@ -6,14 +6,15 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from nightshift.settings import SettingsError, add_flags, check_sections, flag_names, flags_of, load
+import logging
 
-from .console import setup_logging
+from nightshift.settings import (LOG_FORMAT_ENV, LOG_FORMATS, SettingsError, add_flags, check_sections, flag_names,
+                                 flags_of, load, log_format, notes)
 
-EPILOG = """Settings come from, lowest first: built-in defaults, the YAML file given with
---config (top-level `data:` and a `collector:` section), NIGHTSHIFT_* environment
-variables (NIGHTSHIFT_DATA, NIGHTSHIFT_COLLECTOR_TOKEN, ...), then flags.
-Agents send to OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 (gRPC) or
+from .console import log_format_flag, say, setup_logging
+from .helptext import epilog
+
+AGENTS = """Agents send to OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 (gRPC) or
 http://127.0.0.1:4318 with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, through an
 instrumentation that records their LLM calls, with its content switch on, e.g.:
   pip install opentelemetry-distro opentelemetry-exporter-otlp opentelemetry-instrumentation-openai-v2
@@ -21,13 +22,23 @@ instrumentation that records their LLM calls, with its content switch on, e.g.:
 (OpenInference, OpenLLMetry, OpenLIT and frameworks' own spans are read too).
 `nightshift doctor` says what arrived and what is missing."""
 
+EPILOG = """Settings come from, lowest first: built-in defaults, the YAML file given with
+--config (top-level `data:` and `log_format:`, and one section per stage),
+NIGHTSHIFT_* environment variables (NIGHTSHIFT_DATA, NIGHTSHIFT_COLLECTOR_TOKEN,
+NIGHTSHIFT_LOG_FORMAT, ...), then flags. `nightshift COMMAND --help` ends with
+the command's YAML section, its variables and its exit codes.
+""" + AGENTS
 
-#: The YAML file's top-level keys: the shared `data:`, and the section of each stage
-#: that reads the file (`load(Config, "<section>", args.config, ...)` in the
-#: commands). A key not here is a typo, refused before any command runs, never
-#: silently ignored with everything under it. The publish settings are the nightly
-#: job's (`nightly:`), so `publish:` is not one.
-SECTIONS = ("data", "collector", "transform", "train", "nightly", "serve", "route", "apo")
+#: Where the collector's commands read their settings (`helptext.tail`'s first two).
+COLLECTOR_SETTINGS = ("the `collector:` section and top-level `data:`", "NIGHTSHIFT_COLLECTOR_*, NIGHTSHIFT_DATA")
+
+
+#: The YAML file's top-level keys: the shared `data:` and `log_format:`, and the
+#: section of each stage that reads the file (`load(Config, "<section>", args.config,
+#: ...)` in the commands). A key not here is a typo, refused before any command
+#: runs, never silently ignored with everything under it. The publish settings are
+#: the nightly job's (`nightly:`), so `publish:` is not one.
+SECTIONS = ("data", "log_format", "collector", "transform", "train", "nightly", "serve", "route", "apo")
 
 
 #: The distribution's name on the package index (`nightshift` there is another project).
@@ -59,19 +70,19 @@ def _collector_config(args: argparse.Namespace):
 
 def cmd_collect(args: argparse.Namespace) -> int:
     cfg = _collector_config(args)
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, args.log_format)
     from nightshift.collector.server import CannotStart, run
 
     try:
         return run(cfg)
     except CannotStart as e:  # a busy port, a WAL another collector holds: nothing was left running
-        print(f"nightshift collect: {e}", file=sys.stderr)
+        say(f"nightshift collect: {e}", args.log_format)
         return 2
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     cfg = _collector_config(args)
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, args.log_format)
     from nightshift.collector.datasets import DatasetStore
     from nightshift.collector.fileingest import ingest
     from nightshift.collector.redact import Redactor
@@ -81,10 +92,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:
         st = ingest(args.files, store, redactor, progress=not args.quiet and sys.stderr.isatty())
     except FileNotFoundError as e:
-        print(f"nightshift ingest: {e}", file=sys.stderr)
+        say(f"nightshift ingest: {e}", args.log_format)
         return 2
     for note in st.notes:
-        print(f"note: {note}", file=sys.stderr)
+        say(f"note: {note}", args.log_format, logging.INFO)
     print(
         f"ingested {st.files} file(s) into {cfg.data}: {st.spans} spans, {st.logs} log records written; "
         f"{st.duplicates} already stored; {st.rejected} invalid records rejected; {st.bad_records} unreadable; "
@@ -115,29 +126,29 @@ The same rules apply to the collector's POST /v1/feedback."""
 
 def cmd_feedback(args: argparse.Namespace) -> int:
     cfg = _collector_config(args)
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, args.log_format)
     from nightshift.collector.datasets import DatasetStore
     from nightshift.collector.feedback_file import BadRows, FeedbackFileError, load
     from nightshift.collector.redact import Redactor
 
     if not args.name:
-        print("nightshift feedback: --name must not be empty", file=sys.stderr)
+        say("nightshift feedback: --name must not be empty", args.log_format)
         return 2
     redactor = Redactor.from_config(cfg.redact.presets, cfg.redact.rules, cfg.redact.drop_keys)
     redact = (lambda text: redactor.redact_text(text)[0]) if redactor.enabled else None
     try:
         st = load(args.files, DatasetStore(cfg.data, cfg.storage_options), args.name, args.skip_bad, redact)
     except FeedbackFileError as e:
-        print(f"nightshift feedback: {e}; nothing written", file=sys.stderr)
+        say(f"nightshift feedback: {e}; nothing written", args.log_format)
         return 2
     except BadRows as e:
         for problem in e.problems:
-            print(f"bad row: {problem}", file=sys.stderr)
-        print(f"nightshift feedback: {len(e.problems)} bad row(s); nothing written "
-              "(fix them, or --skip-bad to write the rest)", file=sys.stderr)
+            say(f"bad row: {problem}", args.log_format)
+        say(f"nightshift feedback: {len(e.problems)} bad row(s); nothing written "
+            "(fix them, or --skip-bad to write the rest)", args.log_format)
         return 1
     for problem in st.skipped_rows:
-        print(f"skipped: {problem}", file=sys.stderr)
+        say(f"skipped: {problem}", args.log_format, logging.WARNING)
     print(f"feedback: {st.files} file(s) into {cfg.data}: {st.written} rows written, "
           f"{st.duplicates} duplicates, {st.skipped} skipped")
     return 0
@@ -157,7 +168,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             .collect()
         )
     except (FileNotFoundError, pl.exceptions.ComputeError) as e:
-        print(f"no spans under {data} yet ({e.__class__.__name__})", file=sys.stderr)
+        say(f"no spans under {data} yet ({e.__class__.__name__})", args.log_format)
         return 1
     with pl.Config(tbl_rows=args.rows, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=160):
         # the per-group counts overlap (a trace has agent spans and call spans): count the traces once
@@ -183,18 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"nightshift {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    def common(sp: argparse.ArgumentParser, cls: type | None = None, section: str = "", only: tuple[str, ...] = ()) -> None:
-        """--config, then the flags of `cls`'s declared settings (all, or `only`
-        these), and --log-level; without `cls`, a plain --data."""
-        sp.add_argument("--config", metavar="FILE", help="YAML settings file")
-        if cls is None:
-            sp.add_argument("--data", metavar="DIR|URL", help="dataset root: a folder or fsspec URL (default ./nightshift-data)")
-        else:
-            add_flags(sp, cls, section=section, only=only)
-            if not only:  # every setting is a flag: a usage line listing them all would hide the command
-                sp.usage = "%(prog)s [--config FILE] [--SETTING VALUE ...] [options]"
-        if "log_level" not in [p for p in (flag_names(cls) if cls else ()) if not only or p in only]:
-            sp.add_argument("--log-level", dest="log_level", metavar="LEVEL", help="debug, info, warning, error")
+    common = common_flags
 
     from nightshift.collector.config import CollectorConfig
 
@@ -206,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
         "acknowledge each request only once it is fsync'd to a write-ahead log, and write spans/ and logs/ Parquet "
         "datasets under --data. POST /v1/feedback takes delayed rewards as JSON (see `nightshift feedback --help` "
         "for the fields) into feedback/. GET /healthz and /metrics on the HTTP port. SIGTERM drains and exits 0.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog(AGENTS, *COLLECTOR_SETTINGS, "0 stopped by SIGTERM or SIGINT after draining to Parquet, 2 bad "
+                      "settings or it cannot start (a busy port, a write-ahead log another collector holds, "
+                      "unreadable TLS files: one sentence, nothing left running)"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common(c, CollectorConfig, "collector")
     c.set_defaults(func=cmd_collect)
@@ -215,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ingest", help="load files written by an OpenTelemetry Collector's fileexporter",
         description="Load OTLP/JSON lines or length-prefixed protobuf (optionally zstd) written by the "
         "OpenTelemetry Collector's fileexporter, rotated backups included, into the same datasets, deduplicated.",
+        epilog=epilog("", *COLLECTOR_SETTINGS, "0 ingested (records already stored count as done), 1 nothing "
+                      "readable in any file, 2 a file not found or bad settings"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common(i, CollectorConfig, "collector", collector_only)
     i.add_argument("files", nargs="+", metavar="FILE", help="files, globs or folders")
@@ -225,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         "feedback", help="load delayed rewards (labels) from CSV, Parquet or JSON lines",
         description="Load rewards that arrived after the agent's run (ratings, task outcomes, reviews) into the "
         "feedback dataset, joined to trajectories later by trace_id or conversation_id.",
-        epilog=FEEDBACK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog(FEEDBACK_HELP, *COLLECTOR_SETTINGS, "0 written, 1 bad rows (listed; nothing written "
+                      "without --skip-bad), 2 a file or column that cannot be used, or bad settings"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common(f, CollectorConfig, "collector", collector_only)
     f.add_argument("files", nargs="+", metavar="FILE", help="label files: .csv, .parquet, .jsonl")
@@ -234,7 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the good rows of files with bad rows, and list the bad ones")
     f.set_defaults(func=cmd_feedback)
 
-    s = sub.add_parser("show", help="summarize the spans dataset with Polars")
+    s = sub.add_parser("show", help="summarize the spans dataset with Polars",
+                       description="Count the stored spans per date, service, operation and model, and list the "
+                       "latest.", epilog=epilog("", *COLLECTOR_SETTINGS, "0 shown, 1 no spans yet, 2 bad settings"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     common(s, CollectorConfig, "collector", collector_only)
     s.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
     s.set_defaults(func=cmd_show)
@@ -256,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub, common)
     from .route_cmd import add_route
 
-    add_route(sub)
+    add_route(sub, common)
     from .publish_cmd import add_publish
 
     add_publish(sub, common)
@@ -266,18 +277,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def common_flags(sp: argparse.ArgumentParser, cls: type | None = None, section: str = "",
+                 only: tuple[str, ...] = (), data: bool = True) -> None:
+    """--config, then the flags of `cls`'s declared settings (all, or `only`
+    these), --log-level and --log-format; without `cls`, a plain --data (unless
+    `data` is false: a command that reads no dataset)."""
+    sp.add_argument("--config", metavar="FILE", help="YAML settings file (the same file for every command)")
+    if cls is None:
+        if data:
+            sp.add_argument("--data", metavar="DIR|URL", help="dataset root: a folder or fsspec URL (default "
+                            "./nightshift-data)")
+    else:
+        add_flags(sp, cls, section=section, only=only)
+        if not only:  # every setting is a flag: a usage line listing them all would hide the command
+            sp.usage = "%(prog)s [--config FILE] [--SETTING VALUE ...] [options]"
+    if "log_level" not in [p for p in (flag_names(cls) if cls else ()) if not only or p in only]:
+        sp.add_argument("--log-level", dest="log_level", metavar="LEVEL", help="debug, info, warning, error")
+    log_format_flag(sp)
+
+
+def _format_at_once(args: argparse.Namespace) -> str:
+    """The log format from the flag or the environment, for what is said before the
+    settings file is read (or when it cannot be): never raises."""
+    import os
+
+    for value in (getattr(args, "log_format", None), os.environ.get(LOG_FORMAT_ENV)):
+        if value and str(value).strip().lower() in LOG_FORMATS:
+            return str(value).strip().lower()
+    return "text"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    fmt = _format_at_once(args)
     try:
-        if getattr(args, "config", None):
-            check_sections(args.config, SECTIONS)
+        config = getattr(args, "config", None)
+        if config:
+            check_sections(config, SECTIONS)
+        fmt = args.log_format = log_format(config, getattr(args, "log_format", None))
+        for note in notes(args):
+            say(f"nightshift: {note}", fmt, logging.WARNING)
         return args.func(args)
     except SettingsError as e:
-        print(f"nightshift: configuration error: {e}", file=sys.stderr)
+        say(f"nightshift: configuration error: {e}", fmt)
         return 2
 
 

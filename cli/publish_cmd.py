@@ -7,14 +7,19 @@ import argparse
 import os
 import sys
 
-from nightshift.settings import add_flags, flags_of, load
+from nightshift.settings import add_flags, flags_of, load, read_file
+
+from .console import say, setup_logging
+from .helptext import epilog
+from .train_cmd import train_settings, version_folder
 
 PUBLISH_DESC = """Put a checkpoint version in front of the agents on a running vLLM server (or
 `nightshift serve --engine transformers`).
 
 LoRA (default): checks the adapter against vLLM's rules and the server's base
 model, places it in a folder of its own per version, POST /v1/load_lora_adapter
-as <name>@<version> (plus --stable-name, reloaded in place), verifies with GET
+as <name>@<version> (and --stable-name, moved to it by unload + load: never
+vLLM's load_inplace, which re-reads the adapter every step), verifies with GET
 /v1/models and one chat completion, records it in <checkpoints>/published.json
 (atomically, only after verification), and unloads versions beyond --keep.
 Publishing the same version again changes nothing. The server needs
@@ -31,40 +36,67 @@ start a second server on the merged folder, switch traffic, stop the old one
 Every input is read and checked before the server is touched, and the change
 is recorded as pending in published.json before it starts: a run killed at any
 step is finished or undone by the next publish, rollback or watch, which says
-what it repaired.
+what it repaired."""
 
-Exit codes: 0 published and verified, 1 refused or failed (the server's message
-is printed verbatim; what the server took is undone, the registry unchanged),
-2 published.json cannot be used (the message names the file and the problem;
-nothing was changed)."""
+#: Where publish and rollback read their settings: the nightly job's, so that the
+#: file that publishes every night publishes by hand the same way.
+PUBLISH_SETTINGS = ("the `nightly:` section's publishing keys (vllm_url, name, stable_name, adapter_root, keep, "
+                    "mode, ...), `train.output` (the checkpoints folder) and `train.base_model` (--mode full's base "
+                    "when nightly.base_model is not set)",
+                    "NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_VLLM_URL, ...), NIGHTSHIFT_TRAIN_OUTPUT")
+PUBLISH_EXITS = ("0 {done} and verified, 1 refused or failed (the server's message is printed verbatim; what the "
+                 "server took is undone, the registry unchanged), 2 bad settings, or published.json cannot be used "
+                 "(the message names the file and the problem; nothing was changed)")
+VLLM_URL_NEEDED = ("say which server: --vllm-url URL, nightly.vllm_url in --config, or NIGHTSHIFT_NIGHTLY_VLLM_URL "
+                   "(a publication never goes to a default address)")
 
 
-def _publish_args(p: argparse.ArgumentParser) -> None:
+def _publish_args(p: argparse.ArgumentParser, common) -> None:
     from nightshift.publish.publish import PublishSettings
 
-    add_flags(p, PublishSettings, required=("vllm_url",))
+    add_flags(p, PublishSettings, section="nightly")
+    for action in p._actions:
+        if action.dest == "vllm_url":
+            action.help = f"the server the agents use; {VLLM_URL_NEEDED.removeprefix('say which server: ')}"
+    common(p, data=False)
 
 
 def _settings(args: argparse.Namespace):
-    """Defaults < NIGHTSHIFT_PUBLISH_* < flags, checked like every stage's settings."""
+    """The publishing settings as the nightly job reads them (defaults < the YAML's
+    `nightly:` < NIGHTSHIFT_NIGHTLY_* < flags), checked like every stage's, with the
+    base model for --mode full from `train:` when `nightly:` names none."""
+    from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import PublishSettings
+    from nightshift.settings import SettingsError
 
-    return load(PublishSettings, "publish", None, flags_of(PublishSettings, args))
+    n = load(NightlyConfig, "nightly", args.config, flags_of(PublishSettings, args))
+    named = args.vllm_url or os.environ.get("NIGHTSHIFT_NIGHTLY_VLLM_URL") or (
+        args.config and "vllm_url" in ((read_file(args.config).get("nightly") or {})))
+    if not named:
+        raise SettingsError(VLLM_URL_NEEDED)
+    n.base_model = n.base_model or train_settings(args).base_model
+    return n
 
 
 def add_publish(sub, common) -> None:
     p = sub.add_parser("publish", help="publish a checkpoint version to a running vLLM server",
-                       description=PUBLISH_DESC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a version folder, e.g. nightshift-checkpoints/v0003")
-    _publish_args(p)
+                       description=PUBLISH_DESC, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=epilog("", *PUBLISH_SETTINGS, PUBLISH_EXITS.format(done="published")))
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a version folder, e.g. "
+                   "nightshift-checkpoints/v0003, or a version (v0003) under --checkpoints")
+    p.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder a version name is looked up in "
+                   "(default: train.output of --config, NIGHTSHIFT_TRAIN_OUTPUT, else ./nightshift-checkpoints)")
+    _publish_args(p, common)
     p.set_defaults(func=cmd_publish)
 
     r = sub.add_parser("rollback", help="publish the version before the one serving",
                        description="Publish again the newest version older than the one serving this name on this "
-                       "server (from <checkpoints>/published.json), verified like any publication. Exit codes: 0 "
-                       "rolled back, 1 refused or failed, 2 published.json cannot be used (nothing was changed).")
-    r.add_argument("--checkpoints", required=True, metavar="DIR", help="the checkpoints folder")
-    _publish_args(r)
+                       "server (from <checkpoints>/published.json), verified like any publication.",
+                       epilog=epilog("", *PUBLISH_SETTINGS, PUBLISH_EXITS.format(done="rolled back")),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder (default: train.output of --config, "
+                   "NIGHTSHIFT_TRAIN_OUTPUT, else ./nightshift-checkpoints)")
+    _publish_args(r, common)
     r.set_defaults(func=cmd_rollback)
 
     v = sub.add_parser("versions", help="production reward of each published version, per agent",
@@ -72,18 +104,30 @@ def add_publish(sub, common) -> None:
                        "trajectories, how many carry a reward, and their mean reward with a 95 % interval (a success "
                        "rate with Wilson's interval when rewards are 0/1), every agent together and each agent. "
                        "Late feedback counts once `nightshift build` has read it. A version with fewer rated "
-                       "trajectories than --min-trajectories gets a count, not an interval.")
+                       "trajectories than --min-trajectories gets a count, not an interval.",
+                       epilog=epilog("", "top-level `data:`, and `train.output` (the checkpoints folder) when "
+                                     "--checkpoints is not given", "NIGHTSHIFT_DATA, NIGHTSHIFT_TRAIN_OUTPUT",
+                                     "0 shown, 1 no transitions yet (run `nightshift build`), 2 bad settings"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     common(v)
     v.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder: publish order and times from its "
-                   "published.json, versions no publication names and versions deleted from disk said as such")
+                   "published.json, versions no publication names and versions deleted from disk said as such "
+                   "(default: train.output when --config or NIGHTSHIFT_TRAIN_OUTPUT gives it; else none)")
     v.add_argument("--since", metavar="YYYY-MM-DD", help="only calls from this date on")
     v.add_argument("--min-trajectories", type=int, default=30, metavar="N", help="rated trajectories for an interval (default 30)")
     v.set_defaults(func=cmd_versions)
 
     w = sub.add_parser("watch", help="judge the serving version (or a canary) by production's rewards, and act",
-                       description=WATCH_DESC, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=WATCH_DESC, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=epilog("", "the `nightly:` section (its publishing keys, `watch:` and `canary:`), "
+                                     "top-level `data:` and `train.output` (the checkpoints folder)",
+                                     "NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_WATCH_ALPHA, ...), NIGHTSHIFT_DATA, "
+                                     "NIGHTSHIFT_TRAIN_OUTPUT",
+                                     "0 kept, promoted or not yet decided, 3 rolled back or canary stopped, 1 failed, "
+                                     "2 bad settings or published.json cannot be used"))
     common(w)
-    w.add_argument("--checkpoints", required=True, metavar="DIR", help="the checkpoints folder (its published.json)")
+    w.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder, its published.json (default: "
+                   "train.output of --config, NIGHTSHIFT_TRAIN_OUTPUT, else ./nightshift-checkpoints)")
     from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import PublishSettings
     from nightshift.settings import flag_names
@@ -96,55 +140,64 @@ def add_publish(sub, common) -> None:
     w.set_defaults(func=cmd_watch)
 
     n = sub.add_parser("nightly", help="build, train, gate and publish: the scheduled job",
-                       description=NIGHTLY_DESC, epilog=NIGHTLY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=NIGHTLY_DESC, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=epilog(NIGHTLY_EPILOG, "top-level `data:`, the `transform:`, `train:` and `nightly:` "
+                                     "sections", "NIGHTSHIFT_DATA, NIGHTSHIFT_TRANSFORM_*, NIGHTSHIFT_TRAIN_*, "
+                                     "NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_GATE_COMMAND, ...)", NIGHTLY_EXITS))
     common(n)
     n.add_argument("--quiet", action="store_true", help="no progress bars")
     n.set_defaults(func=cmd_nightly)
 
 
-def _refused(command: str, e: Exception) -> int:
+def _refused(command: str, e: Exception, fmt: str) -> int:
     """A registry that cannot be used: exit 2, nothing changed on the server."""
-    print(f"nightshift {command}: {e}; nothing was changed on the server or in the registry", file=sys.stderr)
+    say(f"nightshift {command}: {e}; nothing was changed on the server or in the registry", fmt)
     return 2
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from .console import setup_logging
     from nightshift.publish.publish import PublishError, publish
     from nightshift.publish.registry import RegistryError
     from nightshift.publish.vllm_client import VLLMError
 
-    setup_logging("warning")
+    setup_logging(args.log_level or "warning", args.log_format)
+    s = _settings(args)
+    checkpoint = version_folder(args.checkpoint, train_settings(args).output)
     try:
-        s = _settings(args)
-        result = publish(args.checkpoint, s.vllm_url, **s.kwargs())
+        result = publish(checkpoint, s.vllm_url, **s.kwargs())
     except RegistryError as e:
-        return _refused("publish", e)
+        return _refused("publish", e, args.log_format)
     except (PublishError, VLLMError) as e:
-        print(f"nightshift publish: {e}", file=sys.stderr)
+        say(f"nightshift publish: {e}", args.log_format)
         return 1
     print("\n".join(result.lines()))
     return 0
 
 
 def _data(args: argparse.Namespace) -> str:
-    return args.data or os.environ.get("NIGHTSHIFT_DATA") or "./nightshift-data"
+    """--data, else NIGHTSHIFT_DATA, else the YAML's top-level `data:`, else the default."""
+    if args.data or os.environ.get("NIGHTSHIFT_DATA"):
+        return args.data or os.environ["NIGHTSHIFT_DATA"]
+    return str((read_file(args.config).get("data") if args.config else None) or "./nightshift-data")
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
     from nightshift.publish.versions import by_version, lines
 
+    setup_logging(args.log_level or "warning", args.log_format)
+    checkpoints = args.checkpoints
+    if not checkpoints and (args.config or os.environ.get("NIGHTSHIFT_TRAIN_OUTPUT")):
+        checkpoints = train_settings(args).output
     try:
-        stats = by_version(_data(args), args.since or "", args.min_trajectories, checkpoints=args.checkpoints)
+        stats = by_version(_data(args), args.since or "", args.min_trajectories, checkpoints=checkpoints)
     except (FileNotFoundError, OSError) as e:  # versions.NoTransitions says what to run
-        print(f"nightshift versions: {e}", file=sys.stderr)
+        say(f"nightshift versions: {e}", args.log_format)
         return 1
     print("\n".join(lines(stats, args.min_trajectories)))
     return 0
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from .console import setup_logging
     from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import PublishError
     from nightshift.publish.vllm_client import VLLMError
@@ -152,14 +205,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from nightshift.publish.watch import watch
     from nightshift.route.client import RouteError
 
-    setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning", args.log_format)
     n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args))
+    checkpoints = train_settings(args).output
     try:
-        verdict, out = watch(_data(args), args.checkpoints, n, n.watch, n.canary, act=not args.dry_run)
+        verdict, out = watch(_data(args), checkpoints, n, n.watch, n.canary, act=not args.dry_run)
     except RegistryError as e:
-        return _refused("watch", e)
+        return _refused("watch", e, args.log_format)
     except (PublishError, VLLMError, RouteError, FileNotFoundError) as e:
-        print(f"nightshift watch: {e}", file=sys.stderr)
+        say(f"nightshift watch: {e}", args.log_format)
         return 1
     print("\n".join(out))
     return 3 if verdict is not None and verdict.action in ("rolled back", "canary stopped") else 0
@@ -180,27 +234,24 @@ Each decision goes to <checkpoints>/gate-log.jsonl. Settings as the nightly job'
 (the `nightly:` section of --config, NIGHTSHIFT_NIGHTLY_*, then these flags).
 The registry is read whole first: one that cannot be used is refused (exit 2)
 rather than guessed at, since every decision may move the server; a change an
-earlier run left pending is finished or undone before the look.
-Exit codes: 0 kept, promoted or not yet decided, 3 rolled back or canary stopped,
-1 failed, 2 published.json cannot be used."""
+earlier run left pending is finished or undone before the look."""
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from .console import setup_logging
     from nightshift.publish.publish import PublishError, rollback
     from nightshift.publish.registry import RegistryError
     from nightshift.publish.vllm_client import VLLMError
 
-    setup_logging("warning")
+    setup_logging(args.log_level or "warning", args.log_format)
+    s = _settings(args)
+    kw = s.kwargs()
+    kw.pop("mode")  # the version's own publication says how it was served
     try:
-        s = _settings(args)
-        kw = s.kwargs()
-        kw.pop("mode")  # the version's own publication says how it was served
-        result = rollback(args.checkpoints, s.vllm_url, **kw)
+        result = rollback(train_settings(args).output, s.vllm_url, **kw)
     except RegistryError as e:
-        return _refused("rollback", e)
+        return _refused("rollback", e, args.log_format)
     except (PublishError, VLLMError) as e:
-        print(f"nightshift rollback: {e}", file=sys.stderr)
+        say(f"nightshift rollback: {e}", args.log_format)
         return 1
     print("\n".join(result.lines()))
     return 0
@@ -218,10 +269,22 @@ A lock keeps two runs apart; a state file (<checkpoints>/.nightly/state.json)
 lets a run that died at any stage be resumed by the next invocation, and
 nothing is ever published twice.
 
-Exit codes: 0 done (published, held back by the gate, a canary the routing
-proxy could not take, or nothing new: see the report), 1 a stage failed (the next run resumes it), 2 bad settings or a state
-file it cannot resume from (the message says which), 75 another run holds the
-lock (try later)."""
+Your evaluation (nightly.gate.command) runs through the shell with
+NIGHTSHIFT_CANDIDATE, NIGHTSHIFT_PUBLISHED (empty for the base model) and
+NIGHTSHIFT_BASE_MODEL set, after the gate's own checks. Its exit code is its
+verdict:
+  0            the candidate may go out;
+  1            it may not: a verdict, and its last output lines (stdout, else
+               stderr) are the reason the report gives ("said no: ...");
+  other codes, killed by a signal, or past gate.timeout
+               the check itself failed (the report says "failed", with its
+               exit code and last lines), and the candidate is held back too.
+A JSON object on its last stdout line is kept with the decision in
+<checkpoints>/gate-log.jsonl."""
+
+NIGHTLY_EXITS = ("0 done (published, held back by the gate, a canary the routing proxy could not take, or nothing "
+                 "new: see the report), 1 a stage failed (the next run resumes it), 2 bad settings or a state file it "
+                 "cannot resume from (the message says which), 75 another run holds the lock (try later)")
 
 NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, train, nightly):
 
@@ -230,14 +293,14 @@ NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, tra
   train:
     base_model: /models/Qwen2.5-1.5B-Instruct
     served_model_name: Qwen/Qwen2.5-1.5B-Instruct
-    output: /var/lib/nightshift/checkpoints
-    algorithm: pg
+    output: /var/lib/nightshift/checkpoints   # the checkpoints folder (--checkpoints)
+    algorithm: sft                 # the default: see `nightshift train --help` for the others
   nightly:
     vllm_url: http://vllm:8000
     name: support-agent
     stable_name: support-agent
     keep: 3
-    gate: {ranking_confidence: 0.95, validity_margin: 0.05, command: "python eval.py"}
+    gate: {ranking_confidence: 0.95, validity_margin: 0.05, command: "python eval.py"}   # exit 1: says no
     watch: {alpha: 0.01, min_trajectories: 30, margin: 0.05}
     canary: {share: 0.1, route_url: http://127.0.0.1:8100}   # off (share 0) by default
 
@@ -246,20 +309,22 @@ systemd, Kubernetes: see recipes/ in the repository."""
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from .console import setup_logging
     from nightshift.trainer.config import TrainConfig
     from nightshift.nightly.run import EXIT_CONFIG, NightlyConfig, run
     from nightshift.transform.config import TransformConfig
 
-    setup_logging(args.log_level or "info")
+    setup_logging(args.log_level or "info", args.log_format)
     flags = {"data": args.data}
     tcfg = load(TransformConfig, "transform", args.config, flags)
     trcfg = load(TrainConfig, "train", args.config, flags)
     ncfg = load(NightlyConfig, "nightly", args.config, {})
+    from .console import adopt_libraries
+
+    adopt_libraries(args.log_format)  # the trainer and the gate load transformers
     try:
         code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty())
     except ValueError as e:
-        print(f"nightshift nightly: {e}", file=sys.stderr)
+        say(f"nightshift nightly: {e}", args.log_format)
         return EXIT_CONFIG
     print(f"nightly {state.get('run_id', '')}: {state.get('outcome') or state.get('error') or ''}")
     if state.get("report"):

@@ -8,6 +8,9 @@ import sys
 
 from nightshift.settings import SettingsError, add_flags, flags_of, load
 
+from .console import log_format_flag, say
+from .helptext import epilog
+
 DESCRIPTION = """An OpenAI-compatible proxy in front of vLLM (off unless you start it). Agents point
 their base URL at it (OPENAI_BASE_URL=http://127.0.0.1:8100/v1) instead of at vLLM.
 A request for a stable name in the route table (`agent`) goes to its serving
@@ -36,25 +39,36 @@ EPILOG = """Examples:
   nightshift route show
   nightshift route delete agent"""
 
+ROUTE_SETTINGS = ("the `route:` section", "NIGHTSHIFT_ROUTE_*")
 
-def add_route(sub) -> None:
+
+def add_route(sub, common=None) -> None:
     from nightshift.route.config import RouteConfig
 
     p = sub.add_parser("route", help="the canary routing proxy in front of vLLM (and show/set/delete its routes)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=epilog(EPILOG, *ROUTE_SETTINGS, "0 stopped by SIGTERM after draining, 2 bad settings or "
+                                     "it cannot start (the address taken, the route table unreadable: one sentence); "
+                                     "show, set and delete: 0 done, 1 the proxy refused or could not be reached, 2 "
+                                     "bad settings"))
     p.add_argument("--config", metavar="FILE", help="YAML settings file (its `route:` section)")
     add_flags(p, RouteConfig)
+    log_format_flag(p)
     p.set_defaults(func=cmd_route)
     acts = p.add_subparsers(dest="route_action", metavar="ACTION")
 
-    s = acts.add_parser("show", help="the routes of a running proxy, and the versions it found missing")
+    control = epilog("", *ROUTE_SETTINGS, "0 done, 1 the proxy refused or could not be reached, 2 bad settings")
+    s = acts.add_parser("show", help="the routes of a running proxy, and the versions it found missing",
+                        description="The routes of a running proxy, and the versions it found missing upstream.",
+                        epilog=control, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("name", nargs="?", help="one stable name (default: all)")
     _control_flags(s)
     s.set_defaults(func=cmd_show)
 
     t = acts.add_parser("set", help="route a stable name: a serving version and, optionally, a candidate's share",
                         description="Replace the route of a stable name on a running proxy (written to its state "
-                        "file before it answers). Without --candidate all traffic goes to --serving.")
+                        "file before it answers). Without --candidate all traffic goes to --serving.",
+                        epilog=control, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("name", help="the stable name the agents ask for, e.g. agent")
     t.add_argument("--serving", required=True, metavar="MODEL", help="the version serving, e.g. agent@v0003")
     t.add_argument("--candidate", metavar="MODEL", help="the version on trial, e.g. agent@v0004")
@@ -62,7 +76,10 @@ def add_route(sub) -> None:
     _control_flags(t)
     t.set_defaults(func=cmd_set)
 
-    d = acts.add_parser("delete", help="remove a route: requests for that name pass through untouched again")
+    d = acts.add_parser("delete", help="remove a route: requests for that name pass through untouched again",
+                        description="Remove the route of a stable name on a running proxy: requests for that name "
+                        "pass through untouched again.", epilog=control,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("name", help="the stable name")
     _control_flags(d)
     d.set_defaults(func=cmd_delete)
@@ -75,6 +92,7 @@ def _control_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE", help="YAML settings file")
     p.add_argument("--admin-token", dest="admin_token", default=argparse.SUPPRESS, metavar="TOKEN",
                    help="the proxy's admin token (default: NIGHTSHIFT_ROUTE_ADMIN_TOKEN / route.admin_token)")
+    log_format_flag(p, default=argparse.SUPPRESS)
 
 
 def _settings(args: argparse.Namespace):
@@ -88,12 +106,13 @@ def _settings(args: argparse.Namespace):
 def cmd_route(args: argparse.Namespace) -> int:
     from .console import setup_logging
 
+    fmt = getattr(args, "log_format", None) or ""
     try:
         cfg = _settings(args)
     except SettingsError as e:
-        print(f"nightshift route: {e}", file=sys.stderr)
+        say(f"nightshift route: {e}", fmt)
         return 2
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, fmt)
     from nightshift.route.server import run
 
     return run(cfg)
@@ -124,10 +143,10 @@ def _control(args: argparse.Namespace, action) -> int:
         for line in action(_client(args)):
             print(line)
     except SettingsError as e:
-        print(f"nightshift route: {e}", file=sys.stderr)
+        say(f"nightshift route: {e}", getattr(args, "log_format", None) or "")
         return 2
     except RouteError as e:
-        print(f"nightshift route {args.route_action}: {e}", file=sys.stderr)
+        say(f"nightshift route {args.route_action}: {e}", getattr(args, "log_format", None) or "")
         return 1
     return 0
 
@@ -157,9 +176,16 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m nightshift.cli.route_cmd route ...`: the same command outside `nightshift`."""
+    from nightshift.settings import log_format
+
     p = argparse.ArgumentParser(prog="nightshift")
     add_route(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(argv)
+    try:
+        args.log_format = log_format(getattr(args, "config", None), getattr(args, "log_format", None))
+    except SettingsError as e:
+        say(f"nightshift route: {e}")
+        return 2
     return args.func(args)
 
 

@@ -8,10 +8,11 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import threading
 
 from nightshift.settings import flags_of, load
+
+from .helptext import epilog
 
 DESCRIPTION = """Serve the policy over vLLM's OpenAI-compatible API with LoRA adapters loadable at
 run time, so `nightshift publish` can put each new version in front of the agents.
@@ -40,7 +41,11 @@ def add_serve(sub, common) -> None:
     from nightshift.serve.config import ServeConfig
 
     s = sub.add_parser("serve", help="serve the model (vLLM, or a transformers stand-in without a GPU)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=epilog(EPILOG, "the `serve:` section", "NIGHTSHIFT_SERVE_*, VLLM_API_KEY",
+                                     "transformers: 0 stopped by SIGTERM or SIGINT, 2 bad settings or a --model that "
+                                     "is not a local folder; vllm: 2 when vllm is not installed, else the exit code "
+                                     "of `vllm serve`, which replaces this process"))
     common(s, ServeConfig, "serve")
     s.add_argument("--dry-run", dest="dry_run", action="store_true", help="vllm: print the command and exit")
     s.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more flags passed to `vllm serve`")
@@ -62,29 +67,63 @@ def vllm_command(cfg, extra: list[str] | None = None) -> list[str]:
     return cmd + [a for a in (extra or []) if a != "--"]
 
 
+def vllm_logging_config(level: str) -> dict:
+    """A `logging.config.dictConfig` for vLLM that writes its records (and the
+    uvicorn server's it runs) as our JSON lines on stderr: vLLM reads such a file
+    from VLLM_LOGGING_CONFIG_PATH (VLLM_CONFIGURE_LOGGING left on), so `nightshift
+    serve --engine vllm` logs like every other Nightshift process."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    loggers = {name: {"handlers": ["json"], "level": level.upper(), "propagate": False}
+               for name in ("vllm", "uvicorn", "uvicorn.access", "uvicorn.error")}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"json": {"()": "nightshift.settings.logs.JsonFormatter"}},
+            "handlers": {"json": handler}, "loggers": loggers}
+
+
+def vllm_json_logging(level: str) -> dict[str, str]:
+    """The variables that make `vllm serve` log JSON lines: the config above in a
+    file of its own, which vLLM's logger reads when it is set up (vLLM needs a GPU:
+    tests apply the config itself, not vLLM)."""
+    import json
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="nightshift-vllm-logging-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(vllm_logging_config(level), f)
+    return {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_CONFIG_PATH": path}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .console import setup_logging
+    from .console import say, setup_logging
     from nightshift.serve.config import ServeConfig
 
     cfg = load(ServeConfig, "serve", args.config, flags_of(ServeConfig, args))
     cfg.api_key = cfg.api_key or os.environ.get("VLLM_API_KEY", "")
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, args.log_format)
     if cfg.engine == "vllm":
         cmd = vllm_command(cfg, args.extra)
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-        print("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True " + " ".join(cmd), flush=True)
+        shown = "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+        if args.log_format == "json":
+            env.update(vllm_json_logging(cfg.log_level))
+            shown += f"VLLM_LOGGING_CONFIG_PATH={env['VLLM_LOGGING_CONFIG_PATH']} "
+        print(shown + " ".join(cmd), flush=True)
         if args.dry_run:
             return 0
         if not shutil.which("vllm"):
-            print("nightshift serve: `vllm` is not installed here (its wheel needs a CUDA GPU). Install it where the "
-                  "GPU is (`pip install vllm`), or use --engine transformers on a machine without one.", file=sys.stderr)
+            say("nightshift serve: `vllm` is not installed here (its wheel needs a CUDA GPU). Install it where the "
+                "GPU is (`pip install vllm`), or use --engine transformers on a machine without one.", args.log_format)
             return 2
         os.execvpe("vllm", cmd, env)
     from nightshift.serve.engine import Engine
+
+    from .console import adopt_libraries
+
+    adopt_libraries(args.log_format)
     from nightshift.serve.http import serve
 
     if not os.path.isdir(cfg.model):
-        print(f"nightshift serve: --model {cfg.model} is not a local folder (nothing is downloaded)", file=sys.stderr)
+        say(f"nightshift serve: --model {cfg.model} is not a local folder (nothing is downloaded)", args.log_format)
         return 2
     engine = Engine(cfg.model, cfg.served_model_name, cfg.max_lora_rank, cfg.max_loras, cfg.dtype)
     server = serve(engine, cfg.host, cfg.port, cfg.api_key)

@@ -9,9 +9,11 @@ import sys
 
 from nightshift.settings import flags_of, load
 
+from .helptext import epilog
+
 DESCRIPTION = """Train the policy on the transitions dataset (one credit-assigned row per LLM
 call, from `nightshift build`) and write a new versioned checkpoint under
---output: <output>/vNNNN/ with the LoRA adapter (or full weights), the
+--checkpoints: <checkpoints>/vNNNN/ with the LoRA adapter (or full weights), the
 tokenizer and chat template, and manifest.json (parent version, base model,
 algorithm and full config, dataset window, row counts and content hash,
 metrics before and after on a held-out split, code version).
@@ -26,7 +28,9 @@ Algorithms (--algorithm; trainer/algorithms/<name>.py and the README say why eac
   dpo  TRL DPOTrainer on same-prompt pairs within a task group
 
 Every setting below is also a YAML key of the `train:` section and a
-NIGHTSHIFT_TRAIN_* variable (nested ones: NIGHTSHIFT_TRAIN_PG_KL_COEF).
+NIGHTSHIFT_TRAIN_* variable (nested ones: NIGHTSHIFT_TRAIN_PG_KL_COEF). One flag
+is named apart from its key: --checkpoints is `train.output` (the checkpoints
+folder is --checkpoints on every command; --output still works, deprecated).
 
 Runs on a GPU in bf16, on a CPU in fp32. sft, awr and pg pack rows (no padding)
 into optimizer steps of about --tokens-per-step tokens; before step 1 a memory
@@ -44,7 +48,7 @@ EPILOG = """YAML section `train:` (and top-level `data:`), e.g.:
   train:
     base_model: /models/Qwen2.5-1.5B-Instruct
     served_model_name: Qwen/Qwen2.5-1.5B-Instruct   # the vLLM --model the adapter is for
-    output: s3://bucket/nightshift/checkpoints
+    output: s3://bucket/nightshift/checkpoints   # the checkpoints folder (--checkpoints)
     algorithm: sft                  # sft | awr | pg | kto | dpo
     select: {since: 2025-11-01, agents: "writer|rewriter", models: [], require_reward: true}
     lora: {r: 16, alpha: 32, target_modules: all-linear}
@@ -54,50 +58,100 @@ EPILOG = """YAML section `train:` (and top-level `data:`), e.g.:
     learning_rate: 1e-4
     epochs: 1
 
-Environment: NIGHTSHIFT_DATA, NIGHTSHIFT_TRAIN_BASE_MODEL, NIGHTSHIFT_TRAIN_PG_KL_COEF, ...
-TensorBoard: `tensorboard --logdir <output>` (each version keeps its logs).
-Exit codes: 0 trained, 1 nothing sound to train on (the reason is printed), 2 bad settings."""
+TensorBoard: `tensorboard --logdir <checkpoints>` (each version keeps its logs)."""
+
+#: Where the trainer's commands read their settings (`helptext.tail`'s first two).
+TRAIN_SETTINGS = ("the `train:` section and top-level `data:`",
+                  "NIGHTSHIFT_TRAIN_* (NIGHTSHIFT_TRAIN_PG_KL_COEF for nested keys), NIGHTSHIFT_DATA")
 
 
 def add_train(sub, common) -> None:
     from nightshift.trainer.config import TrainConfig
 
     t = sub.add_parser("train", help="train on the transitions and write a versioned checkpoint",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=epilog(EPILOG, *TRAIN_SETTINGS, "0 trained, 1 nothing sound to train on (the reason "
+                                     "is printed), 2 bad settings"))
     common(t, TrainConfig, "train")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
     m = sub.add_parser("merge", help="merge a LoRA checkpoint into full weights",
                        description="Merge the adapter of a checkpoint into its base model and save full weights "
-                       "(for vLLM's reload_weights or a blue-green restart). Written atomically.")
-    m.add_argument("checkpoint", metavar="CHECKPOINT", help="a version folder, e.g. nightshift-checkpoints/v0003")
+                       "(for vLLM's reload_weights or a blue-green restart). Written atomically.",
+                       epilog=epilog("", "`train.base_model` (when --base-model is not given and the manifest's "
+                                     "base_model is not a folder here) and `train.output` (where a CHECKPOINT "
+                                     "given as a version name is)", "NIGHTSHIFT_TRAIN_BASE_MODEL, "
+                                     "NIGHTSHIFT_TRAIN_OUTPUT", "0 merged, 1 cannot merge (the reason is printed), "
+                                     "2 bad settings"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("checkpoint", metavar="CHECKPOINT", help="a version folder, e.g. nightshift-checkpoints/v0003, or "
+                   "a version (v0003) under --checkpoints")
     m.add_argument("out", metavar="OUT", help="folder for the merged model")
     m.add_argument("--base-model", dest="base_model", default="", metavar="PATH",
-                   help="the base model's local folder (default: the manifest's base_model)")
+                   help="the base model's local folder (default: the manifest's base_model, else train.base_model)")
     m.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    _checkpoints_flag(m)
+    common(m, data=False)
     m.set_defaults(func=cmd_merge)
 
     c = sub.add_parser("checkpoints", help="list the versions under a checkpoints folder",
-                       description="List committed versions with their algorithm, rows and held-out metrics.")
-    c.add_argument("--output", default="./nightshift-checkpoints", metavar="DIR|URL")
+                       description="List committed versions with their algorithm, rows and held-out metrics.",
+                       epilog=epilog("", "`train.output` (the checkpoints folder) and `train.storage_options`",
+                                     "NIGHTSHIFT_TRAIN_OUTPUT, NIGHTSHIFT_TRAIN_STORAGE_OPTIONS",
+                                     "0 listed, 1 no versions there, 2 bad settings"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _checkpoints_flag(c)
     c.add_argument("--json", action="store_true", help="one JSON object per version")
+    common(c, data=False)
     c.set_defaults(func=cmd_checkpoints)
 
 
+def _checkpoints_flag(p: argparse.ArgumentParser) -> None:
+    from nightshift.settings import Renamed
+
+    p.add_argument("--checkpoints", "--output", dest="checkpoints", action=Renamed, old=("--output",),
+                   metavar="DIR|URL", help="the checkpoints folder (default: train.output of --config, "
+                   "NIGHTSHIFT_TRAIN_OUTPUT, else ./nightshift-checkpoints); --output: its old name, deprecated")
+
+
+def train_settings(args: argparse.Namespace):
+    """The `train:` section as every command other than `train` reads it: for the
+    checkpoints folder (--checkpoints wins), the base model and fsspec's options;
+    not checked as a training run (no base_model needed to list versions)."""
+    from nightshift.trainer.config import TrainConfig
+
+    flags = {"output": getattr(args, "checkpoints", None), "data": getattr(args, "data", None)}
+    return load(TrainConfig, "train", getattr(args, "config", None), flags, check=False)
+
+
+def version_folder(value: str, checkpoints: str) -> str:
+    """A version given by name (v0003) is the folder of that name under the
+    checkpoints folder; anything else is a path, as given."""
+    import os
+    import re
+
+    if re.fullmatch(r"v\d+", value) and not os.path.exists(value):
+        return f"{checkpoints.rstrip('/')}/{value}"
+    return value
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from .console import setup_logging
+    from .console import say, setup_logging
     from nightshift.trainer.config import TrainConfig
 
     cfg = load(TrainConfig, "train", args.config, flags_of(TrainConfig, args))
-    setup_logging(args.log_level or "warning")
+    setup_logging(args.log_level or "warning", args.log_format)
     from nightshift.trainer.run import train
     from nightshift.trainer.select import TrainDataError
 
+    from .console import adopt_libraries
+
+    adopt_libraries(args.log_format)
     try:
         result = train(cfg, progress=not args.quiet and sys.stderr.isatty())
     except TrainDataError as e:
-        print(f"nightshift train: {e}", file=sys.stderr)
+        say(f"nightshift train: {e}", args.log_format)
         return 1
     if result.rank != 0:  # under torchrun every rank gets here; only rank 0 wrote the version
         return 0
@@ -107,26 +161,44 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    import os
+
+    from nightshift.trainer.checkpoint import MANIFEST, read_manifest
     from nightshift.trainer.merge import MergeError, merge
 
+    from .console import adopt_libraries, say, setup_logging
+
+    setup_logging(args.log_level or "warning", args.log_format)
+    adopt_libraries(args.log_format)
+    cfg = train_settings(args)
+    checkpoint = version_folder(args.checkpoint, cfg.output)
+    base = args.base_model
+    if not base and cfg.base_model:  # the manifest's path first: the weights the adapter was trained on
+        recorded = read_manifest(checkpoint).get("base_model") if os.path.exists(f"{checkpoint}/{MANIFEST}") else ""
+        base = "" if recorded and os.path.isdir(recorded) else cfg.base_model
     try:
-        out = merge(args.checkpoint, args.out, args.base_model, args.dtype)
+        out = merge(checkpoint, args.out, base, args.dtype)
     except MergeError as e:
-        print(f"nightshift merge: {e}", file=sys.stderr)
+        say(f"nightshift merge: {e}", args.log_format)
         return 1
-    print(f"merged {args.checkpoint} into full weights at {out}")
+    print(f"merged {checkpoint} into full weights at {out}")
     return 0
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     from nightshift.trainer.checkpoint import read_manifest, versions
 
-    found = versions(args.output)
+    from .console import say, setup_logging
+
+    setup_logging(args.log_level or "warning", args.log_format)
+    cfg = train_settings(args)
+    folder, options = cfg.output, cfg.storage_options
+    found = versions(folder, options)
     if not found:
-        print(f"no checkpoints under {args.output}", file=sys.stderr)
+        say(f"no checkpoints under {folder}", args.log_format)
         return 1
     for v in found:
-        m = read_manifest(f"{args.output.rstrip('/')}/{v}")
+        m = read_manifest(f"{folder.rstrip('/')}/{v}", options)
         if args.json:
             print(json.dumps({k: m.get(k) for k in ("version", "parent", "kind", "algorithm", "created", "dataset", "metrics")},
                              default=str))

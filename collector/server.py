@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from nightshift.settings import logs
+
 from . import flusher_stats, grpc_server, http_server, listen, wal
 from .config import CollectorConfig
 from .fairness import ClientLimits
@@ -43,9 +45,12 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def _run_flusher(*args, **kwargs) -> None:
+def _run_flusher(*args, log_format: str = "text", **kwargs) -> None:
     """The flusher process's entry point: the (heavy: pyarrow, polars) flusher is
-    imported only inside the child, so the receiver process stays small."""
+    imported only inside the child, so the receiver process stays small. Its log
+    is set up here, in the receiver's format: a spawned process inherits none, and
+    both write to the same stderr, which a log pipeline reads as one stream."""
+    logs.configure(kwargs.get("log_level", logging.INFO), log_format)
     from .flusher import run
 
     run(*args, **kwargs)
@@ -71,7 +76,8 @@ class Collector:
         self._flusher = self._ctx.Process(
             target=_run_flusher,
             args=(str(self.wal_dir), self.cfg.data, self.cfg.storage_options, self._flusher_stop, self._stats, os.getpid()),
-            kwargs={"log_level": logging.getLogger().level, "dedup_window": self.cfg.dedup_window},
+            kwargs={"log_level": logging.getLogger().level, "dedup_window": self.cfg.dedup_window,
+                    "log_format": logs.current()},
             name="nightshift-flusher",
             daemon=False,
         )

@@ -118,7 +118,8 @@ def load_fresh(client: VLLMClient, name: str, path: str, loaded: bool) -> float:
     (vLLM then re-reads the adapter from disk on every model step: vllm issue
     33791): a name already loaded is unloaded first. Returns the seconds the name
     was absent (0 when it was not loaded), the window in which a request for it
-    is answered 404 and an OpenAI client retries."""
+    is answered 404, which an OpenAI client does not retry (it retries 408, 409,
+    429 and 5xx): the agent's call fails, so the window is kept short."""
     if not loaded:
         client.load_lora(name, path, load_inplace=False)
         return 0.0

@@ -136,14 +136,15 @@ def _check_base(client: VLLMClient, adapter_dir: Path) -> str:
 @dataclass
 class PublishSettings:
     """How a version goes in front of the agents: the flags of `nightshift publish`
-    and `rollback`, `NIGHTSHIFT_PUBLISH_*`, and the publishing keys of the nightly
-    job's YAML section, declared once."""
+    and `rollback`, and the publishing keys of the nightly job's YAML section
+    (`nightly:`, NIGHTSHIFT_NIGHTLY_*), which those commands read too; declared once."""
 
     vllm_url: str = setting("http://127.0.0.1:8000", help="the server the agents use, e.g. http://127.0.0.1:8000",
                             metavar="URL")
     name: str = setting("policy", help="adapters are served as <name>@<version>")
     api_key: str = setting("", help="the server's --api-key")
-    stable_name: str = setting("", help="also serve the version under this fixed name (reloaded in place)")
+    stable_name: str = setting("", help="also serve the version under this fixed name (moved to each new version "
+                                         "by unload + load: absent for that moment)")
     adapter_root: str = setting("", help="copy the adapter into a folder of its own here, where the server can read "
                                          "it (default: load it from the checkpoint folder)", metavar="DIR")
     keep: int = setting(3, help="versions left loaded", bounds="[1, inf)")

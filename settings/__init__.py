@@ -58,7 +58,7 @@ def invalid(path: str, message: str) -> SettingsError:
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING,
             choices: tuple = (), bounds: str = "", pattern: str = "", regex: bool = False, metavar: str = "",
-            flag: str = "", check: Callable[[Any], str] | None = None) -> Any:
+            flag: str = "", old_flags: tuple[str, ...] = (), check: Callable[[Any], str] | None = None) -> Any:
     """A config field with what its flag, its `--help` line and its check are made from.
 
     `choices`: the values it may take. `bounds`: an interval it must lie in, written
@@ -68,11 +68,18 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dat
     saying what is wrong with a (non-empty) value, "" when nothing is: the checks
     of a kind of value shared by several stages (`listen_address`). `flag`: the
     flag's name when it is not `--<key>` (kept for flags that predate the
-    declaration)."""
+    declaration). `old_flags`: names the flag had before a rename; they still work,
+    and the command says once that they are deprecated (scripts keep running while
+    their authors learn the new name).
+
+    The rule for a rename: the flag follows the name users see on every command
+    (`--checkpoints`); the YAML key and the environment variable stay what they
+    were (`train.output`, NIGHTSHIFT_TRAIN_OUTPUT), because settings files in
+    deployments outlive a release, and `--help` names the key beside the flag."""
     if bounds:
         _interval(bounds)  # a typo in a declaration fails at import, not on a user's value
     meta = {"help": help, "choices": tuple(choices), "bounds": bounds, "pattern": pattern, "regex": regex,
-            "metavar": metavar, "flag": flag, "check": check}
+            "metavar": metavar, "flag": flag, "old_flags": tuple(old_flags), "check": check}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -393,6 +400,37 @@ def validate(obj: Any, section: str, where: dict[str, str] | None = None) -> Non
             raise named(f"{section}.{e.setting}", str(e)) from None
 
 
+# --- the log's format ---------------------------------------------------------------------------
+
+LOG_FORMATS = ("text", "json")
+LOG_FORMAT_ENV = "NIGHTSHIFT_LOG_FORMAT"
+
+
+def log_format(config_file: str | None = None, flag: str | None = None, env: dict | None = None) -> str:
+    """`text` or `json`, for every command and server alike: --log-format, else
+    NIGHTSHIFT_LOG_FORMAT, else the YAML file's top-level `log_format:`, else text.
+    Top-level like `data:`, since how a process writes its log is the deployment's
+    choice, not one stage's: the one file that says json makes every process it
+    configures write JSON lines."""
+    env = os.environ if env is None else env
+    sources = [(flag, "--log-format"), (env.get(LOG_FORMAT_ENV), LOG_FORMAT_ENV)]
+    for value, where in sources:
+        if value not in (None, ""):
+            return _log_format(value, where)
+    if config_file:
+        value = read_file(config_file).get("log_format")
+        if value is not None:
+            return _log_format(value, config_file)
+    return "text"
+
+
+def _log_format(value: Any, where: str) -> str:
+    text = str(value).strip().lower()
+    if text not in LOG_FORMATS:
+        raise SettingsError(f"{where} (log_format): must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+    return text
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 
@@ -481,15 +519,52 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, section: str = "", 
                     f"{section + '.' if section else ''}{group} (YAML {where}{', env ' + env if env else ''})",
                     " ".join(desc.split()) if desc and not desc.startswith(owner.__name__ + "(") else None)
             target = groups[group]
-        kw: dict[str, Any] = {"dest": path.replace(".", "__"), "default": None,
-                              "help": (f.metadata["help"] + ("" if path in required else _shown_default(f, tp))).replace("%", "%%")}
+        text = f.metadata["help"] + ("" if path in required else _shown_default(f, tp))
+        key = f"{section}.{path}" if section else path
+        if flag != "--" + path.replace(".", "-").replace("_", "-"):
+            text += f" [YAML {key}]"  # a flag renamed for users keeps its YAML key: say which
+        old = tuple(f.metadata.get("old_flags") or ())
+        if old:
+            text += f"; {', '.join(old)}: its old name, deprecated"
+        kw: dict[str, Any] = {"dest": path.replace(".", "__"), "default": None, "help": text.replace("%", "%%")}
         if path in required:
             kw["required"] = True
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:  # choices are checked by `validate`, with the message every source gets
             kw["metavar"] = _metavar(tp, f)
-        target.add_argument(flag, **kw)
+            if old:
+                kw.update(action=Renamed, old=old)
+        target.add_argument(flag, *old, **kw)
+
+
+#: Where `Renamed` leaves what the command should say about the flags it was given.
+NOTES = "deprecated_flags"
+
+
+class Renamed(argparse.Action):
+    """A flag that may also be given by the names it had before (`old`): the value
+    counts either way, and an old name leaves a note (`notes`) that the command
+    says once, in its log format, so a script keeps working and its author learns
+    the new name."""
+
+    def __init__(self, option_strings, dest, old: tuple[str, ...] = (), **kw) -> None:
+        self.old = tuple(old)
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        if option_string in self.old:
+            note = (f"{option_string} is deprecated: use {self.option_strings[0]} "
+                    f"(the same setting; {option_string} still works for now)")
+            said = list(getattr(namespace, NOTES, None) or [])
+            if note not in said:
+                setattr(namespace, NOTES, said + [note])
+
+
+def notes(args: argparse.Namespace) -> list[str]:
+    """What the parsed flags left to say (a deprecated name used), each once."""
+    return list(getattr(args, NOTES, None) or [])
 
 
 def _field(cls: type, path: str) -> tuple[type, dataclasses.Field, Any]:

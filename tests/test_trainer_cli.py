@@ -34,12 +34,12 @@ def _rows(n: int) -> list[dict]:
 
 def test_train_merge_and_list_from_the_command_line(tmp_path, tiny_model):
     write(tmp_path / "data", _rows(10))
-    p = ns("train", "--data", str(tmp_path / "data"), "--base-model", str(tiny_model), "--output",
+    p = ns("train", "--data", str(tmp_path / "data"), "--base-model", str(tiny_model), "--checkpoints",
            str(tmp_path / "ck"), "--max-steps", "3", "--batch-size", "4", "--served-model-name", "served/base")
     assert p.returncode == 0, p.stderr
     assert "train: sft on" in p.stdout  # the default algorithm and f"-> v0001 at {tmp_path / 'ck' / 'v0001'}" in p.stdout
     assert "3 step(s)" in p.stdout and "held-out" in p.stdout
-    listing = ns("checkpoints", "--output", str(tmp_path / "ck"), "--json")
+    listing = ns("checkpoints", "--checkpoints", str(tmp_path / "ck"), "--json")
     assert listing.returncode == 0
     entry = json.loads(listing.stdout.splitlines()[0])
     assert entry["version"] == "v0001" and entry["algorithm"] == "sft" and entry["dataset"]["rows_scanned"] == 20
@@ -62,7 +62,7 @@ def test_exit_codes_say_what_went_wrong(tmp_path, tiny_model):
 
 def test_a_killed_run_resumes_from_its_last_trainer_checkpoint(tmp_path, tiny_model):
     write(tmp_path / "data", _rows(40))
-    args = ["train", "--data", str(tmp_path / "data"), "--base-model", str(tiny_model), "--output",
+    args = ["train", "--data", str(tmp_path / "data"), "--base-model", str(tiny_model), "--checkpoints",
             str(tmp_path / "ck"), "--max-steps", "300", "--batch-size", "4", "--quiet"]
     env = {**ENV, "NIGHTSHIFT_TRAIN_SAVE_STEPS": "5"}
     proc = subprocess.Popen([sys.executable, "-m", "nightshift.cli", *args], env=env,
@@ -112,7 +112,7 @@ def test_spans_to_transitions_to_a_checkpoint(tmp_path, tiny_model):
     b = ns("build", "--data", str(data), "--settle", "0", "--quiet")
     assert b.returncode == 0, b.stderr
     assert "transitions: 24 rows from 12 trajectories" in b.stdout
-    p = ns("train", "--data", str(data), "--base-model", str(tiny_model), "--output", str(tmp_path / "ck"),
+    p = ns("train", "--data", str(data), "--base-model", str(tiny_model), "--checkpoints", str(tmp_path / "ck"),
            "--max-steps", "2", "--batch-size", "4", "--quiet")
     assert p.returncode == 0, p.stderr
     man = json.loads((tmp_path / "ck" / "v0001" / "manifest.json").read_text())

@@ -94,7 +94,7 @@ class TrainSettings:
                                               "adapter's base_model_name_or_path (vLLM requires it to equal its "
                                               "--model; default: base_model)", metavar="NAME")
     output: str = setting("./nightshift-checkpoints", help="where versioned checkpoints go: a folder or an fsspec URL",
-                          metavar="DIR|URL")
+                          metavar="DIR|URL", flag="--checkpoints", old_flags=("--output",))
     init_adapter: str = setting("", help="continue training this LoRA adapter (a checkpoint folder, e.g. the "
                                          "published version)", metavar="DIR")
     algorithm: str = setting("sft", help="sft (the learning benchmark's best and safest on logged calls), awr, pg, "
