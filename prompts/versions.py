@@ -30,7 +30,7 @@ import polars as pl
 
 from . import lake
 from .identity import PromptVersion, canonical_tools, tool_names
-from .template import Template, infer, resolve
+from .template import Template, infer, normalize, resolve, templated
 
 #: Fewer rated trajectories than this and a version gets no interval, only a count.
 MIN_TRAJECTORIES = 30
@@ -158,20 +158,24 @@ def assign(rows: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, dict[int, list[T
     distinct = (rows.filter(pl.col("content")).group_by("agent", "syskey", "tools")
                 .agg(pl.len().alias("n"), pl.col("system").first()))
     texts: dict[tuple[str, int], Counter] = defaultdict(Counter)
-    from .template import normalize
-
+    norm: dict[str, str] = {}  # each distinct text normalized once: the patterns are the cost here
     for r in distinct.iter_rows(named=True):
         for k, t in enumerate(r["system"]):
-            texts[(r["agent"], k)][normalize(t)[0]] += r["n"]
+            if t not in norm:
+                norm[t] = normalize(t)[0]
+            texts[(r["agent"], k)][norm[t]] += r["n"]
     templates: dict[str, dict[int, list[Template]]] = defaultdict(dict)
     for (agent, k), counts in texts.items():
         templates[agent][k] = infer(counts)
     versions: dict[str, PromptVersion] = {}
+    made: dict[tuple, PromptVersion] = {}
     ids = []
     for r in distinct.iter_rows(named=True):
         per = templates[r["agent"]]
-        v = PromptVersion.of([resolve(t, per.get(k, []))[0] for k, t in enumerate(r["system"])],
-                             canonical_tools(r["tools"] or None))
+        key = (tuple(templated(norm[t], per.get(k, [])) for k, t in enumerate(r["system"])), r["tools"])
+        if key not in made:
+            made[key] = PromptVersion.of(list(key[0]), canonical_tools(r["tools"] or None))
+        v = made[key]
         versions[v.id] = v
         ids.append(v.id)
     mapping = distinct.select("agent", "syskey", "tools").with_columns(pl.Series("version", ids, pl.String))

@@ -81,3 +81,24 @@ def test_a_request_and_the_lake_compute_the_same_version_id():
     assert v1.id == v2.id and len(v1.id) == 12
     changed = PromptVersion.of(["S1", "S2"], canonical_tools([dict(tools_b[0], description="A, better"), tools_b[1]]))
     assert changed.id != v1.id and changed.system_hash == v1.system_hash  # a tool's description is part of the version
+
+
+def test_normalizing_around_the_digits_only_finds_what_a_full_scan_finds():
+    """`normalize` runs the patterns only near digits (and everywhere when there is an
+    @): on 1,000 random texts it must fold exactly what one pass over the whole text does."""
+    rng = random.Random(7)
+    pieces = ["Monday, 24 November 2026", "Nov 3, 2025", "2026-11-24", "2026-11-24T10:00:00Z", "10:15 UTC", "3:05 pm",
+              "24/11/2026", "3f2a9c1b-7d4e-4f60-aa11-0123456789ab", "abcdefabcdefabcdef12", "deadbeefdeadbeefdeadbeef",
+              "1234567", "12345", "v1.2.3", "a.b@example.com", "x" * 70 + "1", "Wednesday", "at most 3 tools", "ok.",
+              "\n", "policy", "{{user}}", "2026", "September 24th, 2026"]
+    for _ in range(1000):
+        text = " ".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        used = set(T.SLOT.findall(text))
+        values = {}
+
+        def repl(m):
+            name = T._name(m.lastgroup, used)
+            values[name] = m.group(0)
+            return "{{" + name + "}}"
+
+        assert T.normalize(text) == (T._KIND_RE.sub(repl, text), values), text
