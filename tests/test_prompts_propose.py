@@ -277,3 +277,16 @@ def test_os_environ_is_not_where_the_manifest_records_the_key(monkeypatch):
     rec = json.dumps(ep.record())
     assert KEY not in rec and "pw" not in rec and "api.example.com/v1" in rec
     assert os.environ["APO_TEST_KEY"] == KEY
+
+
+def test_a_prompt_two_agents_send_is_improved_from_one_agents_runs_and_the_other_is_named(lake):
+    twin = [row([msg("system", f"Today is {T0:%Y-%m-%d}. {PROMPT}"), msg("user", "EXPECTED ANSWER of the twin")],
+                "ok", 1.0, agent="twin", trajectory=f"t{k:031d}", tools=TOOLS, when=T0 + dt.timedelta(minutes=k))
+            for k in range(3)]
+    write(lake, twin, name="twin.parquet")
+    with Standin() as s:
+        rnd = propose(config(lake, s), "solver", salt="n")
+        sent = json.dumps([r["body"] for r in s.requests])
+    assert rnd.current.shared_with == ["twin"] and rnd.stored
+    assert any("agent(s) twin send the same prompt" in n for n in rnd.notes)
+    assert "EXPECTED ANSWER of the twin" not in sent  # only the solver's own conversations were read
