@@ -154,6 +154,9 @@ def cmd_propose(args: argparse.Namespace) -> int:
     except (NoTransitions, StoreError) as e:
         print(f"nightshift prompts propose: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the candidates folder or its beam.json could not be written
+        print(f"nightshift prompts propose: cannot write under {cfg.store()}: {e.strerror or e}", file=sys.stderr)
+        return 1
     print("\n".join(lines(rnd)))
     return 0 if rnd.stored else 1
 
