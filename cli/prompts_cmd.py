@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from nightshift.settings import flags_of, load
+
+from .console import say
 
 DESCRIPTION = """Each agent's prompt versions, read from the transitions: its leading system
 messages and its tools, identified by a content hash (12 hex digits), with the
@@ -48,22 +49,21 @@ PROPOSE_EPILOG = """Examples:
       --model gpt-4.1-mini --api-key-env OPENAI_API_KEY
   nightshift prompts propose --agent support --base-url http://vllm:8000/v1 --model Qwen/Qwen2.5-7B-Instruct
 
-YAML (--config FILE): the `apo:` section and top-level `data:`.
-Environment: NIGHTSHIFT_APO_*, NIGHTSHIFT_DATA. Flags win over both.
-Exit codes: 0 candidates stored, 1 none (no failures to learn from, every proposal
-  refused, the proposer unreachable, no transitions), 2 bad settings (no proposer, a
-  key variable not set, an unknown agent, a meta-prompt file that cannot be used)."""
-
-LIST_EPILOG = """YAML (--config FILE): the `apo:` section and top-level `data:`.
-Environment: NIGHTSHIFT_APO_*, NIGHTSHIFT_DATA. Flags win over both.
-Exit codes: 0 listed, 1 no transitions yet or no such agent, 2 bad settings."""
+"""
+SETTINGS = ("the `apo:` section and top-level `data:`", "NIGHTSHIFT_APO_*, NIGHTSHIFT_DATA")
+PROPOSE_EXITS = ("0 candidates stored, 1 none (no failures to learn from, every proposal refused, the proposer "
+                 "unreachable, no transitions, a candidates folder that cannot be written), 2 bad settings (no "
+                 "proposer, a key variable not set, an unknown agent, a meta-prompt file that cannot be used)")
 
 
 def add_prompts(sub, common) -> None:
     from nightshift.prompts.config import ApoConfig
 
+    from .helptext import epilog
+
     p = sub.add_parser("prompts", help="each agent's prompt versions with their production reward; propose better ones",
-                       description=DESCRIPTION, epilog=LIST_EPILOG,
+                       description=DESCRIPTION,
+                       epilog=epilog("", *SETTINGS, "0 listed, 1 no transitions yet or no such agent, 2 bad settings"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p, ApoConfig, "apo", ("data", "storage_options", "since", "min_trajectories", "candidates_dir"))
     p.add_argument("--agent", metavar="NAME", help="only this agent")
@@ -71,7 +71,7 @@ def add_prompts(sub, common) -> None:
     p.set_defaults(func=cmd_prompts)
     actions = p.add_subparsers(dest="prompts_action", metavar="ACTION")
     pr = actions.add_parser("propose", help="critique an agent's prompt from its failures and store edited candidates",
-                            description=PROPOSE_DESCRIPTION, epilog=PROPOSE_EPILOG,
+                            description=PROPOSE_DESCRIPTION, epilog=epilog(PROPOSE_EPILOG, *SETTINGS, PROPOSE_EXITS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     common(pr, ApoConfig, "apo")
     pr.add_argument("--agent", metavar="NAME", required=True, help="the agent whose prompt to improve")
@@ -79,7 +79,8 @@ def add_prompts(sub, common) -> None:
     m = actions.add_parser("meta", help="where the built-in meta-prompts are, and which files are used",
                            description="The meta-prompt files the proposer is sent: the built-in folder, and with "
                                        "apo.meta_prompts the folder whose files replace or add to them.",
-                           epilog="Exit codes: 0 shown, 2 a meta-prompt file that cannot be used.")
+                           epilog=epilog("", *SETTINGS, "0 shown, 2 a meta-prompt file that cannot be used"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     common(m, ApoConfig, "apo", ("meta_prompts",))
     m.set_defaults(func=cmd_meta)
 
@@ -99,13 +100,13 @@ def cmd_prompts(args: argparse.Namespace) -> int:
     try:
         table = by_agent(cfg.data, cfg.since, cfg.storage_options, min_trajectories=cfg.min_trajectories)
     except (NoTransitions, OSError) as e:
-        print(f"nightshift prompts: {e}", file=sys.stderr)
+        say(f"nightshift prompts: {e}", args.log_format)
         return 1
     if args.agent:
         mine = table.agent(args.agent)
         if mine is None:
-            print(f"nightshift prompts: no agent named {args.agent!r} (agents: "
-                  f"{', '.join(repr(a.agent) for a in table) or 'none'})", file=sys.stderr)
+            say(f"nightshift prompts: no agent named {args.agent!r} (agents: "
+                f"{', '.join(repr(a.agent) for a in table) or 'none'})", args.log_format)
             return 1
         table[:] = [mine]
     cands = {a.agent: store.candidates(cfg.store(), a.agent, cfg.storage_options) for a in table}
@@ -145,17 +146,17 @@ def cmd_propose(args: argparse.Namespace) -> int:
     from .console import setup_logging
 
     cfg = _config(args)
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, args.log_format)
     try:
         rnd = propose(cfg, args.agent)
     except (ApoError, MetaError, ProposerError) as e:
-        print(f"nightshift prompts propose: {e}", file=sys.stderr)
+        say(f"nightshift prompts propose: {e}", args.log_format)
         return 2
     except (NoTransitions, StoreError) as e:
-        print(f"nightshift prompts propose: {e}", file=sys.stderr)
+        say(f"nightshift prompts propose: {e}", args.log_format)
         return 1
     except OSError as e:  # the candidates folder or its beam.json could not be written
-        print(f"nightshift prompts propose: cannot write under {cfg.store()}: {e.strerror or e}", file=sys.stderr)
+        say(f"nightshift prompts propose: cannot write under {cfg.store()}: {e.strerror or e}", args.log_format)
         return 1
     print("\n".join(lines(rnd)))
     return 0 if rnd.stored else 1
@@ -168,7 +169,7 @@ def cmd_meta(args: argparse.Namespace) -> int:
     try:
         meta = load_meta(cfg.meta_prompts)
     except MetaError as e:
-        print(f"nightshift prompts meta: {e}", file=sys.stderr)
+        say(f"nightshift prompts meta: {e}", args.log_format)
         return 2
     print(f"built-in meta-prompts: {BUILT_IN}")
     for name, rec in meta.record().items():
