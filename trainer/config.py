@@ -154,10 +154,11 @@ class TrainSettings:
                                         "version), wandb, mlflow (transformers' integrations, set up by their own "
                                         "environment: WANDB_PROJECT, MLFLOW_TRACKING_URI, ...; their packages are "
                                         "not installed with Nightshift), or none")
-    trainer_args: dict = setting(factory=dict, help="more transformers TrainingArguments, e.g. {lr_scheduler_type: "
-                                                    "cosine, optim: adamw_torch_fused}; the ones Nightshift sets or "
-                                                    "needs (batch sizes, accumulation, output_dir, max_steps, "
-                                                    "learning_rate, ...) are refused, naming the setting to use")
+    trainer_args: dict = setting(factory=dict, help="more transformers TrainingArguments: a YAML mapping, or JSON on "
+                                                    "the command line ('{\"lr_scheduler_type\": \"cosine\"}'); the "
+                                                    "ones Nightshift sets or needs (batch sizes, accumulation, "
+                                                    "output_dir, max_steps, learning_rate, ...) are refused, naming "
+                                                    "the setting to use")
     work_dir: str = setting("", help="local scratch for trainer checkpoints and TensorBoard logs (default "
                                      "<output>/.runs, or ./nightshift-runs for a remote output)", metavar="DIR")
     tag: str = setting("", help="a label kept in the manifest (the nightly job writes its run id here)")
