@@ -3,16 +3,23 @@
 State: the input messages and the tools offered; action: the output message and
 its tool calls; reward: the trajectory's outcome, credit-assigned to this call.
 Written by `nightshift build` under `<data>/transitions/date=YYYY-MM-DD/`. Column
-names are a public contract: change them only with a new SCHEMA_VERSION.
+names are a public contract: change them only with a new VERSION.
+
+Versions: 1, the first; 2 adds `prompt_name` and `prompt_version` (nullable, at the
+end). Files of version 1 lack those two columns: readers take them as null (Polars
+`scan_parquet(..., missing_columns="insert")`, a pyarrow dataset, `nightshift train`).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from .common import TIMESTAMP, with_metadata
+from .common import METADATA_VERSION, TIMESTAMP, with_metadata
 
 NAME = "transitions"
+#: This dataset's own version, in every file's metadata and every row's `schema_version`
+#: (the other datasets are at `common.SCHEMA_VERSION`).
+VERSION = "2"
 
 TOOL_CALL = pa.struct(
     [
@@ -74,9 +81,14 @@ SCHEMA = with_metadata(
             pa.field("request_model", pa.string()),
             pa.field("response_model", pa.string()),
             pa.field("schema_version", pa.string()),
+            # version 2: the GenAI convention's named prompt template (`gen_ai.prompt.name`,
+            # `gen_ai.prompt.version`) the call was made from, when the agent used one
+            pa.field("prompt_name", pa.string()),
+            pa.field("prompt_version", pa.string()),
         ]
     ),
     NAME,
 )
+SCHEMA = SCHEMA.with_metadata({**SCHEMA.metadata, METADATA_VERSION: VERSION.encode()})
 
 KEY = ("transition_id",)

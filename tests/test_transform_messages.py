@@ -96,12 +96,14 @@ def test_messages_fit_the_transitions_schema():
     arr = pa.array([msgs], pa.list_(transitions.MESSAGE))
     assert arr.to_pylist()[0] == msgs
     schema = transitions.SCHEMA
-    assert schema.metadata[b"nightshift.schema_version"] == SCHEMA_VERSION.encode()
+    # the transitions dataset has its own version (2: the prompt template columns); the others stay at 1
+    assert schema.metadata[b"nightshift.schema_version"] == transitions.VERSION.encode() == b"2"
+    assert SCHEMA_VERSION == "1"
     for col in ("transition_id", "trace_id", "span_id", "trajectory_id", "group_id", "step", "num_steps", "agent_name",
                 "service_name", "model", "provider", "input_messages", "output_message", "tools", "finish_reason",
                 "prompt_token_ids", "completion_token_ids", "completion_logprobs", "input_tokens", "output_tokens",
                 "reward", "reward_source", "return", "advantage", "start_time", "end_time", "convention", "truncated",
-                "schema_version"):
+                "schema_version", "prompt_name", "prompt_version"):
         assert col in schema.names, col
     tc = schema.field("output_message").type.field("tool_calls").type.value_type
     assert [f.name for f in tc] == ["id", "name", "arguments"]

@@ -30,11 +30,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nightshift.schemas import SCHEMA_VERSION, transitions
+from nightshift.schemas import transitions
 
 from . import attrs as A
 from . import calls as C
-from . import credit, incremental, output, pool
+from . import credit, incremental, normalize, output, pool
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
 
@@ -42,7 +42,8 @@ log = logging.getLogger("nightshift.transform")
 
 SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
                 "service_name", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_agent_name", "gen_ai_conversation_id",
-                "scope_name", "attributes", "events", "links", "dropped_attributes_count"]
+                "scope_name", "attributes", "events", "links", "dropped_attributes_count", "scope_schema_url",
+                "resource_schema_url"]
 #: Peak process bytes per uncompressed byte of the span columns read: the Arrow
 #: columns, the calls' attributes as Python objects, and the rows built from them.
 OVERHEAD = 8.0  # measured: 200k Agent Lightning spans, peak RSS / bucket size
@@ -80,6 +81,8 @@ class Summary:
     repooled: list[str] = field(default_factory=list)
     #: token-id values that are not a list of integers: [count, an example span id] (the row keeps null ids)
     bad_token_ids: list = field(default_factory=lambda: [0, ""])
+    #: calls read by the Python reader instead of the expressions, by why (rare layouts)
+    python_reader: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def lines(self) -> list[str]:
         out = [
@@ -123,6 +126,10 @@ class Summary:
         if self.bad_token_ids[0]:
             out.append(f"token ids that are not a list of integers (left null): {self.bad_token_ids[0]}, "
                        f"e.g. span {self.bad_token_ids[1]}")
+        if self.python_reader:
+            out.append(f"calls read by the Python reader: {sum(self.python_reader.values())} ("
+                       + ", ".join(f"{k} {v}" for k, v in sorted(self.python_reader.items(), key=lambda kv: -kv[1]))
+                       + ")")
         for flag, n in sorted(self.flagged.items()):
             out.append(f"rows flagged {flag}: {n}")
         for conv, n in sorted(self.content_missing.items()):
@@ -509,7 +516,6 @@ def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
     """One record per call, whatever its instrumentation's layout, with its agent;
     double-recorded calls merged. Token ids stay in Arrow, by call index."""
     ctx.counts.calls_seen += call_rows.height
-    call_attrs = A.to_dicts_without(call_rows["attributes"], C.TOKEN_KEYS)
     tokens = C.token_columns(call_rows)
     if (n_bad := tokens["bad_token_ids"].sum()):
         ctx.summary.bad_token_ids[0] += n_bad
@@ -517,14 +523,15 @@ def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
     tokens = tokens.drop("bad_token_ids")
     log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
     span_events = C.events_of(call_rows)
-    meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
-                            "scope_name", "dropped_attributes_count").to_dicts()
+    events = {k: log_events.get(k, []) + span_events.get(k, []) for k in log_events.keys() | span_events.keys()}
+    meta = call_rows.select("trace_id", "span_id", "gen_ai_operation_name", "scope_name").to_dicts()
+    normalized = normalize.read_records(call_rows, events)
+    for why, n in normalized.python.items():
+        ctx.summary.python_reader[why] += n
+    conversation = call_rows["gen_ai_conversation_id"].to_list()
     del call_rows
     records = []
-    for i, (row, attrs) in enumerate(zip(meta, call_attrs)):
-        key = (row["trace_id"], row["span_id"])
-        rec = C.read_record(row, attrs, log_events.get(key, []) + span_events.get(key, []))
-        rec["_call"] = i
+    for i, (row, rec) in enumerate(zip(meta, normalized.records)):
         unreadable = "unknown_layout" in rec["flags"]
         if not unreadable and C.made_no_request(rec, row):
             ctx.counts.no_request += 1
@@ -532,7 +539,7 @@ def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
         ctx.counts.saw(row.get("scope_name"), not unreadable, row["span_id"])
         if not unreadable:  # never a row whose content was guessed at
             records.append(rec)
-    del call_attrs
+    del normalized
     info = anc.to_dicts()  # one per call, in call_rows' order
     outer_of = {}
     for rec in records:
@@ -543,6 +550,7 @@ def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
             rec["flags"].append("clock_skew")
     records = C.dedupe(records, outer_of, ctx.counts)
     records = C.merge_detached(records, root_calls, ctx.counts)
+    C.rebuild_deltas(records, conversation)
 
     return records, tokens
 
@@ -660,7 +668,8 @@ def _trajectory_rows(key: str, calls: list[dict], tids: list[str], traces: _Trac
             "start_time": s["start_ns"], "end_time": s["end_ns"], "convention": s["convention"],
             "truncated": s["truncated"],
             "weight": (1.0 / rated) if cfg.advantage.weighting == "trajectory" else 1.0,
-            "flags": s["flags"], "schema_version": SCHEMA_VERSION, "_date": day.isoformat(),
+            "flags": s["flags"], "schema_version": transitions.VERSION, "prompt_name": s.get("prompt_name"),
+            "prompt_version": s.get("prompt_version"), "_date": day.isoformat(),
             "_order": (start_ns, trajectory_id, i), "_call": s["_call"],
         })
     _seen(ctx, day.isoformat(), tids, infos, None, session, rows)

@@ -398,12 +398,20 @@ _CAPTURE_OFF_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", 
                      "llm.usage.prompt_tokens", "gen_ai.response.model", "gen_ai.request.model", "llm.model_name")
 
 
+#: Keys that hold content in some layout. `gen_ai.prompt.{i}.*` is OpenLLMetry's content,
+#: `gen_ai.prompt.name` / `.version` / `.variable.*` the GenAI convention's prompt template:
+#: not content. (`CONTENT_KEY_PATTERN` is the same test for Polars.)
+_CONTENT_KEY = re.compile(r"(gen_ai\.input|gen_ai\.output|gen_ai\.(prompt|completion)(\Z|\.[0-9])|llm\.input_messages"
+                          r"|llm\.output_messages|input\.value|output\.value)")
+CONTENT_KEY_PATTERN = (r"^(gen_ai\.input|gen_ai\.output|gen_ai\.(prompt|completion)($|\.[0-9])|llm\.input_messages"
+                       r"|llm\.output_messages|input\.value|output\.value)")
+CAPTURE_OFF_KEYS = _CAPTURE_OFF_KEYS
+
+
 def _no_content_expected(attrs: dict) -> bool:
     """A known instrumentation with content capture off: it still records the model
     and the token counts. That is `content_missing`, not an unknown layout."""
-    return any(k in attrs for k in _CAPTURE_OFF_KEYS) and not any(
-        k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.prompt", "gen_ai.completion", "llm.input_messages",
-                      "llm.output_messages", "input.value", "output.value")) for k in attrs)
+    return any(k in attrs for k in _CAPTURE_OFF_KEYS) and not any(_CONTENT_KEY.match(k) for k in attrs)
 
 
 def made_no_request(rec: dict, row: dict) -> bool:
@@ -415,6 +423,27 @@ def made_no_request(rec: dict, row: dict) -> bool:
     return (not row.get("gen_ai_operation_name") and not rec["truncated"] and not rec["input_messages"]
             and rec["output_message"] is None and rec["input_tokens"] is None and rec["output_tokens"] is None
             and not rec["response_id"])
+
+
+_SCHEMA_URL = re.compile(r"/schemas/(\d+)\.(\d+)(?:\.(\d+))?/?\Z")
+#: The GenAI conventions' version that moved message content from per-message log
+#: events onto the call (`gen_ai.input.messages`, on the span or the details event).
+JSON_CONTENT_SINCE = (1, 37, 0)
+
+
+def semconv_version(url: str | None) -> tuple[int, int, int] | None:
+    """The semantic-conventions version a span's schema URL names
+    (`https://opentelemetry.io/schemas/1.37.0`), None when it names none."""
+    found = _SCHEMA_URL.search(url) if isinstance(url, str) else None
+    return (int(found.group(1)), int(found.group(2)), int(found.group(3) or 0)) if found else None
+
+
+def events_generation(row: dict) -> bool:
+    """Whether the span says (by its scope's schema URL, else its resource's) that it
+    follows the GenAI conventions before 1.37, whose content is per-message log
+    events: where there is none, that is the capture switch to name."""
+    version = semconv_version(row.get("scope_schema_url") or row.get("resource_schema_url"))
+    return version is not None and version < JSON_CONTENT_SINCE
 
 
 def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
@@ -437,7 +466,7 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
     if call is not None and call.convention == "openllmetry_legacy" and "response_token_ids" in attrs:
         call.convention = "agentlightning"
     convention = call.convention if call else (
-        "otel_genai" if row.get("gen_ai_operation_name") else
+        ("otel_genai_events_legacy" if events_generation(row) else "otel_genai") if row.get("gen_ai_operation_name") else
         "openinference" if attrs.get("openinference.span.kind") else "unknown")
     for p in (call.problems if call else []):
         flags.append("invalid_content:" + p.split(":", 1)[0])
@@ -483,6 +512,11 @@ def read_record(row: dict, attrs: dict, events: list[dict]) -> dict:
         "convention": convention,
         "truncated": bool(row.get("dropped_attributes_count") or 0),
         "flags": flags,
+        # the GenAI convention's named prompt template, when the call used one
+        "prompt_name": _first(attrs, "gen_ai.prompt.name"),
+        "prompt_version": _first(attrs, "gen_ai.prompt.version"),
+        "input_is_delta": bool(call and call.input_is_delta),
+        **({"_delta_system": call.delta_system} if call and call.input_is_delta else {}),
     }
 
 
@@ -624,6 +658,41 @@ def rebuild_history(steps: list[dict]) -> None:
             for c in out.get("tool_calls") or []:
                 if c.get("id"):
                     outputs[c["id"]] = out
+
+
+def rebuild_deltas(records: list[dict], conversation: list[str | None]) -> None:
+    """Put back the history of the calls that recorded only the messages appended since
+    their conversation's previous call (`gen_ai.input.messages_delta`): a conversation's
+    calls in order (start, span id), each history that of the call before plus its own
+    delta, headed by the call's own system instructions. A call that recorded its whole
+    input (`gen_ai.input.messages`: the first, or one after a compaction or a rewrite)
+    starts the history again. `conversation` is each call row's `gen_ai.conversation.id`;
+    a delta call without one keeps its delta, as does the first call of a conversation
+    (the convention has it record its whole input as its delta). Rows rebuilt so are
+    flagged `history_from_delta`."""
+    by_conv: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        conv = conversation[r["_call"]]
+        if conv:
+            by_conv[conv].append(r)
+    for calls in by_conv.values():
+        if not any(r["input_is_delta"] for r in calls):
+            continue
+        calls.sort(key=lambda r: (r["start_ns"] or 0, r["span_id"]))
+        body: list[dict] | None = None  # the history without the system instructions
+        for i, r in enumerate(calls):
+            if not r["input_is_delta"]:
+                body = list(r["input_messages"])
+                nxt = calls[i + 1] if i + 1 < len(calls) else None
+                if nxt is not None and nxt.get("_delta_system") and body and body[0]["role"] == "system":
+                    body = body[1:]  # the next call heads the history with its own
+                continue
+            body = (body or []) + r["input_messages"]
+            system = r.get("_delta_system")
+            head = [system] if system is not None and not any(
+                m["role"] == "system" and m["content"] == system["content"] for m in body) else []
+            r["input_messages"] = head + body
+            r["flags"].append("history_from_delta")
 
 
 def events_of(df: pl.DataFrame) -> dict[tuple[str, str], list[dict]]:

@@ -35,6 +35,10 @@ class Call:
     tools: list[Any] = field(default_factory=list)
     finish_reason: str | None = None
     problems: list[str] = field(default_factory=list)  # why a row is flagged
+    #: the input holds only the messages appended since the conversation's previous
+    #: call (`gen_ai.input.messages_delta`): the build puts the history back
+    input_is_delta: bool = False
+    delta_system: dict | None = None  # a delta call's system instructions, apart
 
     def tools_json(self) -> str | None:
         return json.dumps(self.tools, ensure_ascii=False, separators=(",", ":")) if self.tools else None
@@ -108,17 +112,28 @@ def _output_one(msgs: list[dict]) -> dict | None:
 # --- OpenTelemetry GenAI JSON attributes -------------------------------------------------
 
 
+#: The GenAI convention's pending delta form (semantic-conventions-genai PR #365): only the
+#: input messages appended since the previous call of the same `gen_ai.conversation.id`,
+#: in the schema of `gen_ai.input.messages`. A span that has both is read by the full one.
+DELTA = "gen_ai.input.messages_delta"
+
+
 def read_genai(attrs: dict[str, Any]) -> Call | None:
-    if "gen_ai.input.messages" not in attrs and "gen_ai.output.messages" not in attrs:
+    full = "gen_ai.input.messages" in attrs
+    if not full and DELTA not in attrs and "gen_ai.output.messages" not in attrs:
         return None
     call = Call("otel_genai")
+    call.input_is_delta = not full and DELTA in attrs
     try:
-        msgs = from_genai_messages(attrs["gen_ai.input.messages"]) if "gen_ai.input.messages" in attrs else []
+        msgs = from_genai_messages(attrs["gen_ai.input.messages" if full else DELTA]) if (
+            full or call.input_is_delta) else []
         system = attrs.get("gen_ai.system_instructions")
         s = from_system_instructions(system) if system is not None else None
         # the convention keeps the system prompt apart; OpenLIT and the openai-agents-v2
         # instrumentation record it in both places: once is what was sent
-        if s is not None and not any(m["role"] == "system" and m["content"] == s["content"] for m in msgs):
+        if call.input_is_delta:  # it heads the whole history, put back by the build
+            call.delta_system = s
+        elif s is not None and not any(m["role"] == "system" and m["content"] == s["content"] for m in msgs):
             call.input_messages.append(s)
         call.input_messages += msgs
     except MessageError as e:

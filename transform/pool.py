@@ -46,9 +46,11 @@ def slim(t: pl.DataFrame) -> pl.DataFrame:
 
 
 def with_advantages(df: pl.DataFrame, adv: pl.DataFrame) -> pa.Table:
-    """`df`'s rows, in their order, with the advantages of `adv` (by id)."""
+    """`df`'s rows, in their order, with the advantages of `adv` (by id). A kept
+    partition of an older schema version gains the newer columns, null."""
     df = (df.drop("advantage", strict=False).with_columns(*id_parts())
           .join(adv, on=list(ID), how="left", maintain_order="left"))
+    df = df.with_columns([pl.lit(None).alias(f.name) for f in _ROW_SCHEMA if f.name not in df.columns])
     return df.select([f.name for f in _ROW_SCHEMA]).to_arrow().cast(_ROW_SCHEMA)
 
 
