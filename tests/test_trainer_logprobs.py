@@ -335,17 +335,20 @@ def test_auto_takes_the_fused_head_only_where_it_may_read_the_weight(tok, monkey
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_fused_head_equals_ours(tok):
+def test_gpu_fused_head_equals_ours(tok, monkeypatch):
     """On the device: "auto" runs TRL's fused head with its Triton fold (where
     Triton is installed) and agrees with ours ("jacobian") in bf16, values and the
     adapter's gradients. bf16 logits either way, folded in fp32: 2e-2 absolute on
     log-probs, gradients 5e-2 relative (bf16 rounding of the logits' gradient)."""
     device = torch.device("cuda")
-    assert logprobs.head_kind(device) == ("fused" if logprobs.fused_available(device) else "chunked")
+    used: list[int] = []
+    real = logprobs._fused_logprobs
+    monkeypatch.setattr(logprobs, "_fused_logprobs", lambda *a: used.append(1) or real(*a))
     model = model_for(tok, "qwen2", "lora").to(device, torch.bfloat16)
     batch = {k: v.to(device) for k, v in collate(features(tok), tok.pad_token_id, True).items()}
     weights = torch.linspace(-1.0, 2.0, batch["targets"].numel(), device=device)
     auto = logprobs.completion_logprobs(model, batch, temperature=0.7)
+    assert bool(used) == logprobs.fused_available(device) == (logprobs.head_kind(device) == "fused")
     ours = logprobs.completion_logprobs(model, batch, temperature=0.7, method="jacobian")
     torch.testing.assert_close(auto, ours, atol=2e-2, rtol=0)
     g_auto, g_ours = grads_of(model, auto, weights), grads_of(model, ours, weights)
