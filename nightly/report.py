@@ -10,6 +10,12 @@ import datetime as dt
 import shutil
 from pathlib import Path
 
+#: Metrics on which the serving model scores a fixed value by definition: the gate's
+#: ranking accuracy compares likelihood *changes* against the serving model, whose
+#: own change is zero (50 %: no change). Drawn as a labelled reference line, never
+#: as a series, which would read as a measurement that happened to stay flat.
+BY_DEFINITION = {"ranking_accuracy": 0.5}
+
 
 def _daily_reward(data: str) -> list[tuple[str, float, int]]:
     """(date, mean reward, rated rows) per transitions partition."""
@@ -143,6 +149,34 @@ def _plot_versions(ax, stats, rolled: dict[str, str]) -> None:
     ax.set_title("production reward by served version, in publish order (95 % interval)")
 
 
+def _plot_gate(ax, history: list[dict]) -> None:
+    """The candidate's held-out score per run. What served before is a series only
+    where it was measured; on a metric whose serving score is fixed by definition
+    (`BY_DEFINITION`) it is one labelled horizontal line."""
+    runs = [h for h in history if h.get("candidate_metric") is not None]
+    metric = (runs[-1].get("metric") or "metric") if runs else "metric"
+    if not runs:
+        ax.text(0.5, 0.5, "no gated candidates yet", ha="center", va="center", transform=ax.transAxes)
+    else:
+        xs = [h["run_id"][:16] for h in runs]
+        ax.plot(xs, [h["candidate_metric"] for h in runs], marker="o", label="candidate")
+        measured = [h for h in runs if h.get("metric") not in BY_DEFINITION and h.get("published_metric") is not None]
+        if measured:
+            ax.plot([h["run_id"][:16] for h in measured], [h["published_metric"] for h in measured], marker="s",
+                    linestyle="--", label="serving before")
+        for name in sorted({h.get("metric") for h in runs} & set(BY_DEFINITION)):
+            ax.axhline(BY_DEFINITION[name], color="grey", linestyle=":", linewidth=1.2,
+                       label=f"serving model: {BY_DEFINITION[name]:.0%} by definition (no change)")
+        for x, h in zip(xs, runs):
+            ax.annotate("published" if h.get("published") else "held back", (x, h["candidate_metric"]),
+                        textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7,
+                        color="tab:blue" if h.get("published") else "tab:red")
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+    ax.set_title(f"the gate's held-out score per nightly run ({metric}, higher is better)")
+
+
 def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None = None, versions=None) -> Path:
     """The PNG: reward per day, held-out score per run, reward by version. `versions`:
     `by_version(...)` already computed (else read here, with `checkpoints`' registry
@@ -167,22 +201,7 @@ def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None 
         ax1.text(0.5, 0.5, "no rated transitions yet", ha="center", va="center", transform=ax1.transAxes)
     ax1.set_title("mean reward of the agents' calls per day (labels: rated calls)")
     ax1.set_ylabel("reward")
-    runs = [h for h in history if h.get("candidate_metric") is not None]
-    if runs:
-        xs = [h["run_id"][:16] for h in runs]
-        ax2.plot(xs, [h["candidate_metric"] for h in runs], marker="o", label="candidate")
-        ax2.plot(xs, [h.get("published_metric") for h in runs], marker="s", linestyle="--", label="serving before")
-        for x, h in zip(xs, runs):
-            ax2.annotate("published" if h.get("published") else "held back", (x, h["candidate_metric"]),
-                         textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7,
-                         color="tab:blue" if h.get("published") else "tab:red")
-        ax2.set_ylabel(runs[-1].get("metric", "metric"))
-        ax2.legend(fontsize=8)
-        ax2.tick_params(axis="x", rotation=30, labelsize=8)
-    else:
-        ax2.text(0.5, 0.5, "no gated candidates yet", ha="center", va="center", transform=ax2.transAxes)
-    ax2.set_title(f"the gate's held-out score per nightly run ({runs[-1].get('metric', 'metric') if runs else 'metric'}, "
-                  "higher is better)")
+    _plot_gate(ax2, history)
     _plot_versions(ax3, versions if versions is not None else _versions(data, checkpoints), rolled_back(checkpoints))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -199,11 +218,16 @@ def markdown(run: dict, history: list[dict], png_name: str) -> str:
     g = run.get("gate") or {}
     if g.get("candidate_metrics"):
         lines += ["| metric | candidate | serving before |", "|---|---|---|"]
-        for k in ("nll", "adv_weighted_logp", "rows", "tokens"):
-            c, p = g["candidate_metrics"].get(k), (g.get("published_metrics") or {}).get(k)
-            fmt = (lambda v: f"{v:.4f}" if isinstance(v, float) else str(v))
-            lines.append(f"| {k} | {fmt(c) if c is not None else '-'} | {fmt(p) if p is not None else '-'} |")
+        cm, pm = g["candidate_metrics"], g.get("published_metrics") or {}
+        for k in [k for k in cm if _number(cm[k]) or _number(pm.get(k))]:  # whatever the gate measured, in its order
+            lines.append(f"| {k} | {_cell(cm.get(k))} | {_serving_cell(k, pm.get(k))} |")
         lines.append("")
+    if g.get("command"):
+        from nightshift.publish.gate import command_how, command_verdict
+
+        c = g["command"]
+        lines += ["## Your evaluation command", "", f"**{command_verdict(c)}** ({command_how(c)}): "
+                  f"{c.get('said') or c.get('summary') or ''}", ""]
     if run.get("notes"):
         lines += ["## Notes", "", *(f"- {n}" for n in run["notes"]), ""]
     lines += [f"![reward per day, held-out score across runs, reward by version]({png_name})", "", "## Recent runs", "",
@@ -211,9 +235,24 @@ def markdown(run: dict, history: list[dict], png_name: str) -> str:
     for h in history[-14:]:
         c, p = h.get("candidate_metric"), h.get("published_metric")
         lines.append(f"| {h['run_id']} | {h.get('outcome', '')} | {h.get('version') or '-'} | "
-                     f"{'-' if c is None else f'{c:.4f}'} | {'-' if p is None else f'{p:.4f}'} |")
+                     f"{_cell(c)} | {_serving_cell(h.get('metric'), p)} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _cell(v) -> str:
+    return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def _serving_cell(metric: str | None, v) -> str:
+    """What served before, said as a definition where it is one (not a measurement)."""
+    if metric in BY_DEFINITION:
+        return f"{BY_DEFINITION[metric]:.0%} by definition"
+    return _cell(v)
 
 
 def history_entry(run: dict) -> dict:

@@ -28,6 +28,22 @@ them), both models side by side:
 The held-out NLL of rewarded calls is reported, not decisive. Then the user's
 own evaluation command runs if one is configured, and must pass too. Every
 decision is appended, with its numbers, to `<checkpoints>/gate-log.jsonl`.
+
+The command's statistical contract. A point comparison on fresh tasks with
+margin 0 cannot tell 13 points apart on 100 unpaired episodes (it passed
+candidates that much worse, issue 27), so the gate states what it asks and the
+command answers in kind. It receives NIGHTSHIFT_GATE_SEED (the tasks to play:
+candidate and what serves play the SAME ones, each call of both with the same
+sampling seed), NIGHTSHIFT_GATE_CONFIDENCE (1 - alpha) and
+NIGHTSHIFT_GATE_MIN_EFFECT (success points, candidate minus serving: 0 asks for
+a candidate better with confidence, -0.02 tolerates two points worse, 0.05 asks
+for five better). It prints, as its last stdout line, a JSON object with at
+least `estimate` (the paired difference), `lower` (its one-sided lower bound at
+that confidence) and `n` (tasks played by both); it exits 0 when `lower` is above
+the minimum effect, 1 when not, anything else when it could not measure. A
+command that exits 0 while its own `lower` does not clear the minimum effect is
+a broken check, and the gate says so rather than passing the candidate.
+`examples/agent_world/gate_check.py` honours it (paired Newcombe bound).
 """
 
 from __future__ import annotations
@@ -78,8 +94,15 @@ class GateSettings:
                                                 "points here while its ranking looked better; good ones fell 0-2)",
                                      bounds="[0, 1]")
     command: str = setting("", help="your evaluation, run through the shell with NIGHTSHIFT_CANDIDATE, "
-                                    "NIGHTSHIFT_PUBLISHED (empty for the base) and NIGHTSHIFT_BASE_MODEL set; exit 0 "
-                                    "passes, anything else blocks; a JSON object on its last stdout line is kept")
+                                    "NIGHTSHIFT_PUBLISHED (empty for the base) and NIGHTSHIFT_BASE_MODEL set, and "
+                                    "the contract's NIGHTSHIFT_GATE_SEED, NIGHTSHIFT_GATE_CONFIDENCE and "
+                                    "NIGHTSHIFT_GATE_MIN_EFFECT; exit 0 passes, anything else blocks; a JSON object "
+                                    "on its last stdout line is kept (estimate, lower, n)")
+    confidence: float = setting(0.95, help="the command's one-sided bound on candidate minus serving success is at "
+                                           "this confidence (NIGHTSHIFT_GATE_CONFIDENCE)", bounds="[0.5, 1)")
+    min_effect: float = setting(0.0, help="that bound must be above this, in success points (0: better with "
+                                          "confidence; -0.02: at most two points worse; NIGHTSHIFT_GATE_MIN_EFFECT)",
+                                bounds="(-1, 1)")
     timeout: float = setting(3600.0, help="seconds the command may take", bounds="(0, inf)", metavar="DURATION")
 
 
@@ -103,7 +126,8 @@ class GateDecision:
             verdict = ("ok" if c["passed"] else "FAILED") if c["decisive"] else "reported"
             out.append(f"  {name} [{verdict}]: {c['detail']} (candidate vs {vs})")
         if self.command:
-            out.append(f"  command exit {self.command.get('exit')}: {self.command.get('summary', '')}")
+            out.append(f"  your evaluation command {command_verdict(self.command)} ({command_how(self.command)}): "
+                       f"{self.command.get('said') or self.command.get('summary', '')}")
         return out
 
 
@@ -262,14 +286,88 @@ def _score(cfg: TrainConfig, folder: str | None, tok, features: list[dict], prom
 # --- the decision -------------------------------------------------------------------------
 
 
+#: The evaluation command's contract: exit 0 passes the candidate, exit 1 says no
+#: (a verdict, its last output lines the reason); any other code, a signal or the
+#: timeout is the check failing, which also holds the candidate back but is no
+#: opinion of it, and the report must not read as one (or the other way round: a
+#: team's "no" reported as a broken command sends someone debugging a working check).
+SAID_NO = 1
+
+
+def command_verdict(command: dict) -> str:
+    """`passed`, `said no` or `failed`, from a command result (older gate-log entries
+    have no `verdict`: their exit code says it)."""
+    if command.get("verdict") in ("passed", "said no", "failed"):
+        return command["verdict"]
+    code = command.get("exit")
+    return "passed" if code == 0 else "said no" if code == SAID_NO else "failed"
+
+
+def command_how(command: dict) -> str:
+    """How the command ended, in a few words: `exit 1`, `killed by SIGKILL`, `timed out after 60 s`."""
+    if command.get("timed_out") or command.get("exit") is None:
+        return command.get("summary") if str(command.get("summary", "")).startswith("timed out") else "no exit code"
+    code = command["exit"]
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+def _said(stdout: str, stderr: str, lines: int = 3) -> str:
+    """What the command said last: its last non-empty stdout lines, else stderr's."""
+    for text in (stdout, stderr):
+        said = [line.strip() for line in (text or "").splitlines() if line.strip()][-lines:]
+        if said:
+            return " / ".join(said)[-500:]
+    return "(it printed nothing)"
+
+
+def _text(out) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+
+def contract_env(settings: GateSettings, candidate: str, published: str | None) -> dict[str, str]:
+    """What the command is asked (the module's contract): the tasks' seed, a hash of
+    the two versions (each decision its own fresh tasks, the same ones if it is
+    run again), the confidence and the minimum effect."""
+    seed = int.from_bytes(hashlib.blake2b(f"{os.path.abspath(candidate)}|{published or ''}".encode(),
+                                          digest_size=4).digest(), "big") % 2**31
+    return {"NIGHTSHIFT_GATE_SEED": str(seed), "NIGHTSHIFT_GATE_CONFIDENCE": repr(settings.confidence),
+            "NIGHTSHIFT_GATE_MIN_EFFECT": repr(settings.min_effect)}
+
+
+def broken_contract(result: dict, settings: GateSettings) -> str:
+    """Why a command's pass contradicts its own numbers ('' when it does not): exit 0
+    with a stated `lower` that does not clear the minimum effect."""
+    said = result.get("result")
+    lower = said.get("lower") if isinstance(said, dict) else None
+    if result.get("exit") != 0 or not isinstance(lower, (int, float)) or isinstance(lower, bool):
+        return ""
+    if lower > settings.min_effect:
+        return ""
+    return (f"it exited 0, but its lower bound {lower:+.3f} is not above gate.min_effect {settings.min_effect:+.3f} "
+            "(the contract in publish/gate.py)")
+
+
 def _command(settings: GateSettings, candidate: str, published: str | None, base: str) -> dict:
+    contract = contract_env(settings, candidate, published)
     env = {**os.environ, "NIGHTSHIFT_CANDIDATE": candidate, "NIGHTSHIFT_PUBLISHED": published or "",
-           "NIGHTSHIFT_BASE_MODEL": base}
+           "NIGHTSHIFT_BASE_MODEL": base, **contract}
     try:
         p = subprocess.run(settings.command, shell=True, env=env, capture_output=True, text=True, timeout=settings.timeout)
-    except subprocess.TimeoutExpired:
-        return {"exit": None, "summary": f"timed out after {settings.timeout:.0f} s", "passed": False}
-    result: dict = {"exit": p.returncode, "passed": p.returncode == 0}
+    except subprocess.TimeoutExpired as e:
+        return {"exit": None, "verdict": "failed", "passed": False, "timed_out": True,
+                "summary": f"timed out after {settings.timeout:.0f} s",
+                "said": _said(_text(e.stdout), _text(e.stderr))}
+    code = p.returncode
+    result: dict = {"exit": code, "passed": code == 0,
+                    "verdict": "passed" if code == 0 else "said no" if code == SAID_NO else "failed",
+                    "said": _said(p.stdout, p.stderr)}
     last = (p.stdout.strip().splitlines() or [""])[-1]
     try:
         result["result"] = json.loads(last)
@@ -277,6 +375,10 @@ def _command(settings: GateSettings, candidate: str, published: str | None, base
         pass
     tail = (p.stderr.strip() or p.stdout.strip())[-300:]
     result["summary"] = json.dumps(result.get("result")) if "result" in result else tail
+    result["seed"] = int(contract["NIGHTSHIFT_GATE_SEED"])
+    broken = broken_contract(result, settings)
+    if broken:
+        result.update(passed=False, verdict="failed", said=broken)
     return result
 
 
@@ -335,11 +437,13 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
         _judge(decision, held, c, p, settings, fallback)
     if settings.command:
         decision.command = _command(settings, candidate, published, cfg.base_model)
-        if not decision.command["passed"]:
-            decision.passed = False
-            decision.reason += f"; the evaluation command failed (exit {decision.command['exit']})"
-        else:
+        verdict = command_verdict(decision.command)
+        if verdict == "passed":
             decision.reason += "; the evaluation command passed"
+        else:
+            decision.passed = False
+            decision.reason += (f"; the evaluation command {verdict} ({command_how(decision.command)}): "
+                                f"{decision.command['said']}")
     decision.reason = decision.reason.lstrip("; ") or "nothing to compare on"
     if log_dir:
         gatelog.append(log_dir, asdict(decision))
