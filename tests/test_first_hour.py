@@ -46,7 +46,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import free_port
+from conftest import free_port, read_spans
 from instrumentation import envs
 from support.readme import README, ROOT, Block, blocks, commands
 
@@ -70,6 +70,7 @@ class Run:
     command: str
     stdout: str
     stderr: str
+    seconds: float  # printed at the end (pytest -s), to see where the test's time goes
 
 
 @dataclass
@@ -199,7 +200,9 @@ def _start_server(session: Session, command: str, env: dict[str, str]) -> None:
     proc = subprocess.Popen(["bash", "-c", command], cwd=session.work, env=env, stdout=fh, stderr=subprocess.STDOUT,
                             start_new_session=True)
     session.servers.append((what, proc, log))
+    t0 = time.monotonic()
     _wait(what, url, proc, log)
+    session.runs.append(Run(command, "", "", time.monotonic() - t0))
     if what == "nightshift collect":
         session.idle_wal_bytes = _wal_bytes(ports["4318"]) or 0.0
 
@@ -208,11 +211,12 @@ def _run(session: Session, command: str, term: Terminal) -> None:
     """One command in its terminal's shell; the variables it exports stay for the next."""
     env_file = session.work.parent / "env.out"
     script = f"{command}\n__rc=$?\nenv -0 > {shlex.quote(str(env_file))}\nexit $__rc\n"
+    t0 = time.monotonic()
     p = subprocess.run(["bash", "-c", script], cwd=session.work, env=term.env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (f"README step failed (exit {p.returncode}) in terminal ({term.who}): {command}\n"
                                f"--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-6000:]}" + _server_logs(session))
     term.env = dict(kv.split("=", 1) for kv in env_file.read_text().split("\0") if "=" in kv)
-    session.runs.append(Run(command, p.stdout, p.stderr))
+    session.runs.append(Run(command, p.stdout, p.stderr, time.monotonic() - t0))
 
 
 def _server_logs(session: Session) -> str:
@@ -281,6 +285,8 @@ def test_the_readme_first_hour_takes_an_agent_of_ones_own_to_rewarded_transition
     session = None
     try:
         session = walk(work, steps)
+        for r in session.runs:
+            print(f"{r.seconds:6.1f} s  {r.command}")
         _check(session, steps)
     finally:
         if session:
@@ -293,13 +299,14 @@ def _check(s: Session, steps: list[Block]) -> None:
     agent_file = next(b for b in steps if b.filename == "agent.py")
     nodes = re.findall(r'add_node\("(\w+)"', agent_file.text)
     assert nodes, "agent.py adds no LangGraph node"
-    episodes = [line for line in s.output_of("opentelemetry-instrument").stdout.splitlines() if line.strip()]
-    assert episodes, "the agent printed nothing"
+    assert s.output_of("opentelemetry-instrument").stdout.strip(), "the agent printed nothing"
+    traces = read_spans(s.work / "nightshift-data")["trace_id"].n_unique()
+    assert traces, "no spans reached the data folder" + logs
 
-    # rewarded transitions with content, one per LLM call, each trajectory's calls in node order
+    # rewarded transitions with content, one per LLM call, each run (trace) a trajectory of its nodes' calls in order
     tr = pl.read_parquet(str(s.work / "nightshift-data" / "transitions" / "**" / "*.parquet"))
-    assert tr["trajectory_id"].n_unique() == len(episodes), (tr.select("trajectory_id", "agent_name"), logs)
-    assert tr.height == len(episodes) * len(nodes), tr.select("trajectory_id", "step", "agent_name")
+    assert tr["trajectory_id"].n_unique() == traces, (tr.select("trajectory_id", "agent_name"), logs)
+    assert tr.height == traces * len(nodes), tr.select("trajectory_id", "step", "agent_name")
     order = tr.sort("trajectory_id", "step").group_by("trajectory_id", maintain_order=True).agg(pl.col("agent_name"))
     assert all(list(a) == nodes for a in order["agent_name"]), order
     assert tr["reward"].null_count() == 0 and tr["reward_source"].str.starts_with("span:").all(), \
