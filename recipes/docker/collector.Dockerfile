@@ -33,6 +33,7 @@ COPY publish/ publish/
 COPY serve/ serve/
 COPY route/ route/
 COPY nightly/ nightly/
+COPY prompts/ prompts/
 COPY cli/ cli/
 RUN pip install . \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/nightshift --create-home nightshift \

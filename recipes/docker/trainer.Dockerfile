@@ -35,6 +35,7 @@ COPY publish/ publish/
 COPY serve/ serve/
 COPY route/ route/
 COPY nightly/ nightly/
+COPY prompts/ prompts/
 COPY cli/ cli/
 # hadolint ignore=DL3013
 RUN pip install ".[train]" \
