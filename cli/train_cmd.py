@@ -18,7 +18,7 @@ tokenizer and chat template, and manifest.json (parent version, base model,
 algorithm and full config, dataset window, row counts and content hash,
 metrics before and after on a held-out split, code version).
 
-Algorithms (--algorithm; trainer/algorithms/<name>.py and the README say why each exists):
+Algorithms (--algorithm; trainer/algorithms/<name>.py and docs/trainer.md say why each exists):
   sft  (default) the log-likelihood of the best rows (rejection sampling): the
        only objective that made the agent world's tiny policy better from its own logs
   awr  advantage-weighted regression: never pushes a call down
