@@ -120,7 +120,12 @@ def collector_findings(report, url: str) -> None:
                    "the doctor could not ask the collector what it holds",
                    "--collector is the collector's HTTP address (collector.http, default http://127.0.0.1:4318)")
         return
-    wal, lag = m.get("nightshift_wal_bytes", 0.0), m.get("nightshift_flush_lag_seconds", 0.0)
+    # the active segment always holds its 8-byte header (collector.wal.MAGIC), records or not:
+    # an idle collector that has flushed everything reports exactly that much
+    from nightshift.collector.wal import MAGIC
+
+    wal = max(m.get("nightshift_wal_bytes", 0.0) - len(MAGIC), 0.0)
+    lag = m.get("nightshift_flush_lag_seconds", 0.0)
     if wal > 0:
         behind = lag > 300 or m.get("nightshift_flush_errors", 0.0) > 0
         report.add("warning" if behind else "info", scope,

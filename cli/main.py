@@ -17,7 +17,8 @@ from .helptext import epilog
 AGENTS = """Agents send to OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 (gRPC) or
 http://127.0.0.1:4318 with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, through an
 instrumentation that records their LLM calls, with its content switch on, e.g.:
-  pip install opentelemetry-distro opentelemetry-exporter-otlp opentelemetry-instrumentation-openai-v2
+  pip install opentelemetry-distro opentelemetry-exporter-otlp \
+    opentelemetry-instrumentation-openai-v2 opentelemetry-util-genai==1.1b0
   OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY opentelemetry-instrument python agent.py
 (OpenInference, OpenLLMetry, OpenLIT and frameworks' own spans are read too).
 `nightshift doctor` says what arrived and what is missing."""

@@ -242,3 +242,24 @@ def test_a_reward_attribute_is_suggested_only_for_the_service_that_records_it(tm
     fixes = {f.scope: f.fix for f in r.findings if "would have no reward" in f.what}
     assert fixes["service doctor-episode-reward"].startswith("--reward-keys episode.reward")
     assert "episode.reward" not in fixes["service doctor-no-agent"], fixes
+
+
+def test_an_idle_collector_that_flushed_everything_reports_no_backlog(collector_factory, capsys):
+    """Its write-ahead log holds only the active segment's 8-byte header: the doctor
+    used to report '8 bytes of spans and logs in its write-ahead log' to every new user."""
+    c = collector_factory()
+    c.start()
+    assert c.metrics().get("nightshift_wal_bytes") == 8.0
+    main(["doctor", "--data", str(c.data), "--collector", c.http_url])
+    out = capsys.readouterr().out
+    assert "write-ahead log" not in out, out
+    assert "fix the errors above" in out  # no spans at all is an error, and it says so
+
+
+def test_the_verdict_names_errors_only_when_there_are_some(tmp_path):
+    report = diagnose(copy("episode_reward", tmp_path))
+    assert not report.ok and report.findings  # unrated: nothing trainable, and it says why
+    report.findings = [f for f in report.findings if f.severity != "error"]
+    assert "fix the errors above" not in report.lines()[-1]
+    report.add("error", "data", "something", "why", "fix")
+    assert report.lines()[-1].endswith("fix the errors above")

@@ -36,10 +36,11 @@ REWARD_LIKE = r"(?i)(reward|score|rating|outcome|success|grade|feedback|label)"
 
 AGENT_SETUP = ("OTEL_EXPORTER_OTLP_ENDPOINT=http://<collector>:4318 and OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf "
                "(or :4317 for gRPC) in the agent's environment, with an instrumentation loaded: "
-               "pip install opentelemetry-distro opentelemetry-exporter-otlp opentelemetry-instrumentation-openai-v2, "
+               "pip install opentelemetry-distro opentelemetry-exporter-otlp opentelemetry-instrumentation-openai-v2 "
+               "opentelemetry-util-genai==1.1b0 (util-genai 1.3b0 breaks its import), "
                "then run `opentelemetry-instrument python your_agent.py`")
-INSTRUMENT_CALLS = ("pip install opentelemetry-instrumentation-openai-v2 (or your framework's OpenInference / "
-                    "OpenLLMetry package) into the agent's environment and start it with `opentelemetry-instrument` "
+INSTRUMENT_CALLS = ("pip install opentelemetry-instrumentation-openai-v2 opentelemetry-util-genai==1.1b0 (or your "
+                    "framework's OpenInference / OpenLLMetry package) into the agent's environment and start it with `opentelemetry-instrument` "
                     "(or call its Instrumentor().instrument() at start-up); check OTEL_PYTHON_DISABLED_INSTRUMENTATIONS "
                     "does not name it")
 NAME_AGENTS = ("open a span around each agent's turn named `invoke_agent NAME` with gen_ai.operation.name=invoke_agent "
@@ -145,7 +146,9 @@ class Report:
             out.append(f"    fix: {f.fix}")
         ready = sum(g.ready for g in self.groups)
         out.append(f"verdict: {ready} rewarded transitions with content would be built now" if self.ok else
-                   "verdict: no rewarded transitions with content would be built now; fix the errors above")
+                   "verdict: no rewarded transitions with content would be built now; "
+                   + ("fix the errors above" if any(f.severity == "error" for f in self.findings)
+                      else "the findings above say why" if self.findings else "no calls in the window"))
         return out
 
 
