@@ -13,8 +13,7 @@ from __future__ import annotations
 import polars as pl
 
 from nightshift.schemas.common import attr
-
-from .identity import SYSTEM_ROLES
+from nightshift.schemas.prompt_identity import SYSTEM_ROLES
 
 #: Where an instrumentation records which managed prompt a call used: the GenAI
 #: conventions' (being added), OpenInference's template version, Langfuse's.
@@ -47,7 +46,7 @@ def agent_expr() -> pl.Expr:
 
 
 def system_expr() -> pl.Expr:
-    """The leading system/developer messages' contents, as `identity.leading_system` reads them."""
+    """The leading system/developer messages' contents, as `schemas.prompt_identity.leading_system` reads them."""
     role = pl.element().struct.field("role")
     return (pl.col("input_messages").list.eval(
         pl.element().filter(role.is_in(list(SYSTEM_ROLES)).cast(pl.Int8).cum_min() == 1)

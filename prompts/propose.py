@@ -20,14 +20,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nightshift.schemas.prompt_identity import PromptVersion, tool_names
+from nightshift.schemas.prompt_template import placeholders
+
 from . import beam as beams
 from . import meta as metas
 from . import screen, store
 from .client import Endpoint, ProposerError, chat
 from .config import ApoConfig
 from .evidence import Evidence, gather
-from .identity import PromptVersion, tool_names
-from .template import placeholders
 from .validate import Limits, extract, problem
 from .versions import AgentPrompts, PromptStats, PromptTable, by_agent
 

@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .template import placeholders
+from nightshift.schemas.prompt_template import placeholders
 
 BLOCK = re.compile(r"<prompt>\s*(.*?)\s*</prompt>", re.DOTALL | re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")

@@ -4,10 +4,10 @@ success rate with Wilson's interval when rewards are 0/1), as `nightshift
 versions` does for adapters (the same statistics, copied: this stage does not
 import publish/).
 
-A version is `identity.PromptVersion`: the agent's leading system messages, its
-per-request data folded by `template` (templates are inferred per agent and per
-message position, over every prompt the agent sent in the window), and its tools.
-A trajectory counts for the version of the agent's first call in it, and its
+A version is `schemas.prompt_identity.PromptVersion`: the agent's leading system
+messages, its per-request data folded by `schemas.prompt_template` (templates are
+inferred per agent and per message position, over every prompt the agent sent in
+the window), and its tools. A trajectory counts for the version of the agent's first call in it, and its
 outcome is the reward of its last rated step over every agent's calls (what the
 adapters' table takes); unrated trajectories and NaN/infinite outcomes are left
 out of the mean and counted. Calls recorded without their messages (content
@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from nightshift.schemas.prompt_identity import PromptVersion, canonical_tools, tool_names
+from nightshift.schemas.prompt_template import Template, infer, normalize, placeholders, resolve, templated
+
 from . import lake
-from .identity import PromptVersion, canonical_tools, tool_names
-from .template import Template, infer, normalize, resolve, templated
 
 #: Fewer rated trajectories than this and a version gets no interval, only a count.
 MIN_TRAJECTORIES = 30
@@ -96,8 +97,6 @@ class PromptStats:
 
 
 def _slots(v: PromptVersion) -> list[str]:
-    from .template import placeholders
-
     return placeholders(v.text)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from nightshift.prompts import template as T
-from nightshift.prompts.identity import PromptVersion, canonical_tools, leading_system
+from nightshift.schemas import prompt_template as T
+from nightshift.schemas.prompt_identity import PromptVersion, canonical_tools, leading_system
 
 NAMES = ["Alice", "Bob", "Mary Jane", "Zed", "Jean-Luc Picard", "Ann"]
 BODY = "You are the assistant of {}. Today is {}. Answer in English; use the tools you have, one at a time."

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from nightshift.cli.main import main
-from nightshift.prompts.identity import PromptVersion, canonical_tools, leading_system
+from nightshift.schemas.prompt_identity import PromptVersion, canonical_tools, leading_system
 from nightshift.prompts.versions import by_agent, interval, lines
 from nightshift.transform.build import build
 from nightshift.transform.config import TransformConfig

@@ -25,7 +25,9 @@ than `MAX_SPAN_CHARS` (a retrieved document, a user profile pasted in): such an
 agent shows many versions with one call each; data whose span moves between
 requests. Slots are matched back on new requests by the template's literal text
 (`Template.match`), which is what a router needs to recognise a prompt from one
-request (no polars here, nothing but the standard library).
+request (no polars here, nothing but the standard library). In schemas/ beside
+`prompt_identity`: the route folds a request's prompt with the same code the lake
+used to name it, or the two would disagree on its id.
 """
 
 from __future__ import annotations

@@ -2,14 +2,17 @@
 
 A version is the agent's instructions as the model saw them: the leading system
 (or developer) messages of a call, per-request data folded into slots
-(`template`), and the tools offered (name, description, parameters: a changed
+(`prompt_template`), and the tools offered (name, description, parameters: a changed
 tool description changes what the model does as much as a changed sentence).
 The id is the first 12 hex digits of the SHA-256 of that, as canonical JSON, so
 the lake, a stored candidate and a router that sees one request compute the same
 id from the same prompt. `system_id` hashes the system part alone: what a router
 that rewrites only the system prompt matches on.
 
-Only the standard library, and nothing slow: a request path can call it.
+Only the standard library, and nothing slow: a request path can call it. It lives
+in schemas/ because the id is part of the data contract between the lake
+(`nightshift prompts`), the candidate store and `nightshift route`, which may
+import nothing but schemas/, settings/ and storage/.
 """
 
 from __future__ import annotations
