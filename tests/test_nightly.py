@@ -71,7 +71,7 @@ def test_nightly_builds_trains_gates_publishes_and_reports(tmp_path, tiny_model,
     state = json.loads((tmp_path / "ck" / ".nightly" / "state.json").read_text())
     assert state["stage"] == "done" and state["gate"]["passed"] and state["build"][0].startswith("transitions: 24 rows")
     report = Path(state["report"]).read_text()
-    assert "**Outcome:** published v0001" in report and "| adv_weighted_logp |" in report
+    assert "**Outcome:** published v0001" in report and "| rows |" in report  # the metrics the gate measured
     assert "## Reward by version" in report and "## Production watch" in report
     png = Path(state["plot"]).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
