@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .common import TIMESTAMP, with_metadata
+from .common import SCHEMA_VERSION, TIMESTAMP, with_metadata
 
 NAME = "feedback"
+#: The versions of this dataset a reader of this Nightshift reads (`layout.check`).
+READABLE = (SCHEMA_VERSION,)
+#: Columns each version added, by version: a file of an older version lacks them.
+ADDED: dict[str, tuple[str, ...]] = {}
 
 SCHEMA = with_metadata(
     pa.schema(
@@ -34,3 +38,9 @@ SCHEMA = with_metadata(
 )
 
 KEY = ("feedback_id",)
+
+#: What each reader cannot do without (`layout.check` names any a file lacks).
+READERS: dict[str, tuple[str, ...]] = {
+    "nightshift build": ("feedback_id", "trace_id", "conversation_id", "span_id", "name", "value", "received_time"),
+    "nightshift prompts": ("trace_id", "conversation_id", "name", "value", "comment"),
+}

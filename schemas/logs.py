@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .common import ANY_VALUE, ATTRIBUTES, TIMESTAMP, with_metadata
+from .common import ANY_VALUE, ATTRIBUTES, SCHEMA_VERSION, TIMESTAMP, with_metadata
 
 NAME = "logs"
+#: The versions of this dataset a reader of this Nightshift reads (`layout.check`).
+READABLE = (SCHEMA_VERSION,)
+#: Columns each version added, by version: a file of an older version lacks them.
+ADDED: dict[str, tuple[str, ...]] = {}
 
 SCHEMA = with_metadata(
     pa.schema(
@@ -46,3 +50,9 @@ SCHEMA = with_metadata(
 )
 
 KEY = ("record_id",)
+
+#: What each reader cannot do without (`layout.check` names any a file lacks).
+READERS: dict[str, tuple[str, ...]] = {
+    "nightshift build": ("record_id", "time", "observed_time", "event_name", "body", "attributes", "trace_id",
+                         "span_id"),
+}

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .common import ATTRIBUTES, TIMESTAMP, with_metadata
+from .common import ATTRIBUTES, SCHEMA_VERSION, TIMESTAMP, with_metadata
 
 NAME = "spans"
+#: The versions of this dataset a reader of this Nightshift reads (`layout.check`).
+READABLE = (SCHEMA_VERSION,)
+#: Columns each version added, by version: a file of an older version lacks them.
+ADDED: dict[str, tuple[str, ...]] = {}
 
 #: Span kinds by their OTLP enum value.
 KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
@@ -86,3 +90,18 @@ SCHEMA = with_metadata(
 )
 
 KEY = ("trace_id", "span_id")
+
+#: What each reader cannot do without (`layout.check` names any a file lacks). The
+#: build's columns were found by dropping each from a real file: any of these gone
+#: and it stopped on a Polars ColumnNotFoundError.
+READERS: dict[str, tuple[str, ...]] = {
+    "nightshift build": ("trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
+                         "service_name", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_agent_name",
+                         "gen_ai_conversation_id", "scope_name", "attributes", "dropped_attributes_count"),
+    "nightshift prompts": ("trace_id", "span_id", "name", "status_code", "status_message", "gen_ai_operation_name",
+                           "gen_ai_conversation_id", "attributes"),
+}
+#: Read besides when a file has them (the build goes without: no events, no links, no schema URL).
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "nightshift build": ("events", "links", "scope_schema_url", "resource_schema_url"),
+}

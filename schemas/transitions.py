@@ -20,6 +20,11 @@ NAME = "transitions"
 #: This dataset's own version, in every file's metadata and every row's `schema_version`
 #: (the other datasets are at `common.SCHEMA_VERSION`).
 VERSION = "2"
+#: The versions a reader of this Nightshift reads (`layout.check`): 1 too, its
+#: missing columns taken as null.
+READABLE = ("1", "2")
+#: Columns each version added, by version: a file of an older version lacks them.
+ADDED: dict[str, tuple[str, ...]] = {"2": ("prompt_name", "prompt_version")}
 
 TOOL_CALL = pa.struct(
     [
@@ -92,3 +97,17 @@ SCHEMA = with_metadata(
 SCHEMA = SCHEMA.with_metadata({**SCHEMA.metadata, METADATA_VERSION: VERSION.encode()})
 
 KEY = ("transition_id",)
+
+#: What each reader cannot do without (`layout.check` names any a file lacks); what
+#: they read besides, when present, they fill (the trainer: `trainer.select.OPTIONAL`).
+READERS: dict[str, tuple[str, ...]] = {
+    "nightshift train": ("transition_id", "trajectory_id", "input_messages", "output_message", "reward"),
+    "nightshift versions": ("trajectory_id", "step", "agent_name", "policy_version", "reward", "start_time",
+                            "response_model", "model"),
+    "the nightly report": ("reward",),
+    "nightshift prompts": ("transition_id", "trajectory_id", "trace_id", "span_id", "step", "agent_name",
+                           "service_name", "input_messages", "output_message", "tools", "flags", "finish_reason",
+                           "response_model", "model", "reward", "start_time"),
+    # an incremental build reads back the partitions it keeps, to pool their advantages
+    "nightshift build": ("transition_id", "trajectory_id", "group_id", "return", "weight", "advantage"),
+}
