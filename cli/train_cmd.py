@@ -71,7 +71,7 @@ def add_train(sub, common) -> None:
     t = sub.add_parser("train", help="train on the transitions and write a versioned checkpoint",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog=epilog(EPILOG, *TRAIN_SETTINGS, "0 trained, 1 nothing sound to train on (the reason "
-                                     "is printed), 2 bad settings"))
+                                     "is printed), 2 bad settings or transitions this version cannot read"))
     common(t, TrainConfig, "train")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
@@ -142,6 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load(TrainConfig, "train", args.config, flags_of(TrainConfig, args))
     setup_logging(args.log_level or "warning", args.log_format)
+    from nightshift.schemas.layout import LayoutError
     from nightshift.trainer.run import train
     from nightshift.trainer.select import TrainDataError
 
@@ -150,6 +151,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     adopt_libraries(args.log_format)
     try:
         result = train(cfg, progress=not args.quiet and sys.stderr.isatty())
+    except LayoutError as e:  # a newer schema version or a missing column: the data is wrong, not absent
+        say(f"nightshift train: {e}", args.log_format)
+        return 2
     except TrainDataError as e:
         say(f"nightshift train: {e}", args.log_format)
         return 1

@@ -268,7 +268,9 @@ def test_missing_columns_are_named(tmp_path, tiny_model):
     d = tmp_path / "data" / "transitions" / "date=2026-11-20"
     d.mkdir(parents=True)
     pq.write_table(pa.table({"transition_id": ["a"], "trajectory_id": ["t"], "output_message": ["hi"]}), d / "x.parquet")
-    with pytest.raises(TrainDataError, match="lack column\\(s\\) input_messages, reward, advantage"):
+    from nightshift.schemas.layout import LayoutError  # exit 2 through `nightshift train` (tests/test_dataset_layout.py)
+
+    with pytest.raises(LayoutError, match="x.parquet .* lacks the column\\(s\\) input_messages, reward, advantage"):
         train(_cfg(tmp_path, tiny_model), progress=False)
 
 

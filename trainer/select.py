@@ -16,6 +16,8 @@ import fsspec
 import polars as pl
 import pyarrow.dataset as pads
 
+from nightshift.schemas import layout, transitions
+
 from . import algorithms
 from .config import TrainConfig
 
@@ -24,8 +26,9 @@ class TrainDataError(ValueError):
     """The data cannot be trained on: said plainly, before any model is loaded."""
 
 
-#: Columns every algorithm reads; a dataset without them is refused by name.
-REQUIRED = ("transition_id", "trajectory_id", "input_messages", "output_message", "reward")
+READER = "nightshift train"
+#: Columns every algorithm reads; a dataset without them is refused by name (`layout.check`).
+REQUIRED = layout.needs(transitions.NAME, READER)
 #: Read when present; filled with a default when a dataset lacks them.
 OPTIONAL = {
     "group_id": pl.Utf8,
@@ -73,12 +76,13 @@ class Selection:
 
 def _files(cfg: TrainConfig) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     fs, root = fsspec.core.url_to_fs(cfg.data, **cfg.storage_options)
-    base = f"{root.rstrip('/')}/transitions"
+    base = layout.folder(root, transitions.NAME)
     if not fs.exists(base):
-        raise TrainDataError(f"no transitions dataset at {cfg.data.rstrip('/')}/transitions: run `nightshift build` first")
+        raise TrainDataError(f"no transitions dataset at {layout.folder(cfg.data, transitions.NAME)}: "
+                             "run `nightshift build` first")
     files = []
-    for path in sorted(fs.glob(f"{base}/**/*.parquet")):
-        day = next((p[5:] for p in path.split("/") if p.startswith("date=")), "")
+    for path in sorted(fs.glob(layout.files(root, transitions.NAME))):
+        day = layout.date_of(path)
         if day and cfg.select.since and day < cfg.select.since:
             continue
         if day and cfg.select.until and day > cfg.select.until:
@@ -95,15 +99,11 @@ def scan(cfg: TrainConfig) -> pl.LazyFrame:
     window = f" between {cfg.select.since or 'the start'} and {cfg.select.until or 'the end'}" if (cfg.select.since or cfg.select.until) else ""
     if not files:
         raise TrainDataError(f"no transitions files under {cfg.data}{window}: nothing to train on")
+    # every file's version and columns (one footer each), not the first file's alone
+    layout.check_files(fs, files, transitions.NAME, READER,
+                       also=("advantage",) if algorithms.get(cfg.algorithm).needs_advantage else ())
     dataset = pads.dataset(files, filesystem=fs, format="parquet")
     names = set(dataset.schema.names)
-    missing = [c for c in REQUIRED if c not in names]
-    if algorithms.get(cfg.algorithm).needs_advantage and "advantage" not in names:
-        missing.append("advantage")
-    if missing:
-        raise TrainDataError(
-            f"the transitions under {cfg.data} lack column(s) {', '.join(missing)} "
-            f"(have: {', '.join(sorted(names))}); rebuild them with `nightshift build`")
     lf = pl.scan_pyarrow_dataset(dataset)
     fill = [pl.lit(None, dtype).alias(c) for c, dtype in OPTIONAL.items() if c not in names]
     if "weight" not in names:

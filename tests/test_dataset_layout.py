@@ -1,0 +1,94 @@
+"""The dataset layout is part of the contract (issue 28, item 4): where each dataset
+lives and the columns each reader needs come from `schemas/`, and every reader holds
+what it opens to them. A dataset of a future schema version, or one missing a column
+a reader needs, is one sentence naming the file and exit 2 through the reader's
+command: never a Polars traceback, never a column read with a meaning it lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from nightshift.cli.main import main
+from nightshift.schemas import layout, transitions
+from nightshift.schemas.common import METADATA_VERSION
+from transitions_data import row, write
+
+FUTURE = b"99"
+
+
+def _rewrite(path: Path, *, version: bytes | None = None, drop: str | None = None) -> None:
+    """The file as a newer Nightshift (`version`) or a hand (`drop`) would have left it."""
+    t = pq.read_table(path)
+    meta = dict(t.schema.metadata or {})
+    if version is not None:
+        meta[METADATA_VERSION] = version
+    if drop is not None:
+        t = t.drop([drop])
+    pq.write_table(t.replace_schema_metadata(meta), path)
+
+
+def _one_sentence(err: str, path: Path) -> str:
+    """What the command said: one line naming the file, no traceback."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err and "Error:" not in err, err
+    assert str(path) in lines[0], err
+    return lines[0]
+
+
+def _transitions(tmp_path: Path) -> tuple[Path, Path]:
+    """Two dates of transitions; the second file is the one the tests spoil (a reader
+    must check every file, not the first one's schema only)."""
+    data = tmp_path / "data"
+    write(data, [row("q1", "a1", 1.0, trajectory="t" * 32)], date="2026-11-19")
+    return data, write(data, [row("q2", "a2", 0.0, trajectory="u" * 32)], date="2026-11-20")
+
+
+# --- the schema's declarations and the check itself -------------------------------------------
+
+
+def test_every_dataset_declares_its_versions_and_its_readers_need_only_its_columns():
+    for name, module in layout.DATASETS.items():
+        assert module.READABLE and module.READABLE[-1] == module.SCHEMA.metadata[METADATA_VERSION].decode()
+        for reader, cols in module.READERS.items():
+            assert cols and set(cols) <= set(module.SCHEMA.names), (name, reader)
+
+
+def test_a_version_1_transitions_file_is_read_without_the_columns_version_2_added(tmp_path):
+    data, spoiled = _transitions(tmp_path)
+    t = pq.read_table(spoiled).drop(list(transitions.ADDED["2"]))
+    pq.write_table(t.replace_schema_metadata({**t.schema.metadata, METADATA_VERSION: b"1"}), spoiled)
+    import fsspec
+
+    fs = fsspec.filesystem("file")
+    assert layout.check_file(fs, str(spoiled), "transitions", "nightshift prompts") == "1"
+    # the same columns missing from a version 2 file are missing
+    _rewrite(spoiled, version=b"2")
+    with pytest.raises(layout.LayoutError, match="lacks the column\\(s\\) prompt_name, prompt_version"):
+        layout.check_file(fs, str(spoiled), "transitions", "nightshift prompts", also=transitions.ADDED["2"])
+
+
+def test_a_file_of_another_dataset_is_named_as_such(tmp_path):
+    import fsspec
+
+    data, spoiled = _transitions(tmp_path)
+    t = pq.read_table(spoiled)
+    pq.write_table(t.replace_schema_metadata({**t.schema.metadata, b"nightshift.schema": b"spans"}), spoiled)
+    with pytest.raises(layout.LayoutError, match="holds the spans dataset, not transitions"):
+        layout.check_file(fsspec.filesystem("file"), str(spoiled), "transitions", "nightshift train")
+
+
+# --- each reader, through its command ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("spoil", ["future", "missing"])
+def test_train_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(tmp_path, capsys, spoil):
+    data, spoiled = _transitions(tmp_path)
+    _rewrite(spoiled, **({"version": FUTURE} if spoil == "future" else {"drop": "reward"}))
+    # selection runs before any model is loaded: no base model needed to be refused
+    assert main(["train", "--data", str(data), "--base-model", str(tmp_path / "no-model")]) == 2
+    said = _one_sentence(capsys.readouterr().err, spoiled)
+    assert ("transitions schema version 99" in said and "reads version 1 or 2" in said if spoil == "future"
+            else "lacks the column(s) reward that nightshift train needs" in said)
