@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 
 import fsspec
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.schemas import DATASETS
 from nightshift.storage import fsync
+
+from .keyhash import row_hashes
 
 log = logging.getLogger("nightshift.collector.datasets")
 
@@ -96,12 +97,8 @@ def part_name(batch_id: str) -> str:
     return f"part-{batch_id}.parquet"
 
 
-def _hashes(keys: pl.DataFrame) -> pl.DataFrame:
-    cols = keys.columns
-    return keys.select(
-        pl.struct(cols).hash(seed=0x5EED).alias("h1"),
-        pl.struct(cols).hash(seed=0xB0B).alias("h2"),
-    )
+def _hashes(keys: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    return row_hashes(keys)
 
 
 @dataclass
@@ -111,9 +108,8 @@ class _Frame:
     added: float
 
     @classmethod
-    def of(cls, hashes: pl.DataFrame, added: float) -> "_Frame":
-        h1 = hashes["h1"].to_numpy()
-        h2 = hashes["h2"].to_numpy()
+    def of(cls, hashes: tuple[np.ndarray, np.ndarray], added: float) -> "_Frame":
+        h1, h2 = hashes
         order = np.argsort(h1, kind="stable")
         return cls(h1[order], h2[order], added)
 
@@ -138,8 +134,8 @@ class _Index:
     frames: list[_Frame] = field(default_factory=list)
     used: float = field(default_factory=time.monotonic)
 
-    def contains(self, hashes: pl.DataFrame) -> np.ndarray:
-        q1, q2 = hashes["h1"].to_numpy(), hashes["h2"].to_numpy()
+    def contains(self, hashes: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        q1, q2 = hashes
         out = np.zeros(len(q1), dtype=bool)
         for f in self.frames:
             out |= f.contains(q1, q2)
@@ -159,6 +155,27 @@ class WriteStats:
     files: list[str] = field(default_factory=list)
 
 
+def _concat(frames: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not frames:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    return np.concatenate([f[0] for f in frames]), np.concatenate([f[1] for f in frames])
+
+
+def _in_order_of_appearance(codes: np.ndarray) -> list[int]:
+    """The distinct codes of a column, first seen first (a batch's dates in the
+    order its rows bring them)."""
+    distinct, first = np.unique(codes, return_index=True)
+    return distinct[np.argsort(first)].tolist()
+
+
+def _first_of_each(h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+    """Positions of each key's first row, in row order: a key sent twice in one
+    batch is stored once."""
+    pairs = np.stack([h1, h2], axis=1).view(np.dtype((np.void, 16))).ravel()
+    _, first = np.unique(pairs, return_index=True)
+    return np.sort(first)
+
+
 class PartitionedWriter:
     """One open batch: `add()` chunks, then `commit()`; `abort()` on failure."""
 
@@ -167,36 +184,36 @@ class PartitionedWriter:
         self.schema = DATASETS[dataset].SCHEMA
         self.key = list(DATASETS[dataset].KEY)
         self._writers: dict[str, tuple[pq.ParquetWriter, object, str, str]] = {}
-        self._pending: dict[str, list[pl.DataFrame]] = {}
+        self._pending: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self.stats = WriteStats()
 
     def add(self, table: pa.Table, times_ns: list[int]) -> None:
         if table.num_rows == 0:
             return
         dates = pc.strftime(pa.array(np.asarray(times_ns, dtype=np.int64), pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
-                            format="%Y-%m-%d")
-        keys = pl.from_arrow(table.select(self.key))
-        assert isinstance(keys, pl.DataFrame)
-        hashes = _hashes(keys).with_columns(
-            pl.Series("date", dates), pl.int_range(0, keys.height, eager=True).alias("row")
-        )
-        for (date,), group in hashes.group_by(["date"], maintain_order=True):
+                            format="%Y-%m-%d").dictionary_encode()
+        h1, h2 = _hashes(table.select(self.key))
+        codes = dates.indices.to_numpy(zero_copy_only=False)
+        for code in _in_order_of_appearance(codes):
+            date = dates.dictionary[code].as_py()
+            rows = np.arange(len(codes)) if len(dates.dictionary) == 1 else np.flatnonzero(codes == code)
             index = self.store.index(self.dataset, date, self.batch_id)
-            arrived = group.height
-            group = group.unique(subset=["h1", "h2"], keep="first", maintain_order=True)
-            seen = index.contains(group)
+            arrived = len(rows)
+            rows = rows[_first_of_each(h1[rows], h2[rows])]
+            g = (h1[rows], h2[rows])
+            seen = index.contains(g)
             pending = self._pending.get(date)
             if pending:
-                seen |= _Index([_Frame.of(pl.concat(pending), 0.0)]).contains(group)
-            fresh = group.filter(pl.Series(~seen))
-            self.stats.duplicates += arrived - fresh.height
-            if fresh.height == 0:
+                seen |= _Index([_Frame.of(_concat(pending), 0.0)]).contains(g)
+            rows = rows[~seen]
+            self.stats.duplicates += arrived - len(rows)
+            if len(rows) == 0:
                 continue
-            self._pending.setdefault(date, []).append(fresh.select("h1", "h2"))
-            if fresh.height == table.num_rows:  # the common case: one day, nothing seen before
+            self._pending.setdefault(date, []).append((h1[rows], h2[rows]))
+            if len(rows) == table.num_rows:  # the common case: one day, nothing seen before
                 part = table
             else:
-                part = table.take(pa.array(fresh["row"].to_numpy(), pa.int64()))
+                part = table.take(pa.array(rows, pa.int64()))
             self._writer(date).write_table(part, row_group_size=ROW_GROUP_ROWS)
             self.stats.rows += part.num_rows
 
@@ -281,12 +298,12 @@ class DatasetStore:
         idx.used = time.monotonic()
         return idx
 
-    def remember(self, dataset: str, date: str, frames: list[pl.DataFrame]) -> None:
+    def remember(self, dataset: str, date: str, frames: list[tuple[np.ndarray, np.ndarray]]) -> None:
         idx = self._index[(dataset, date)]
-        idx.frames.append(_Frame.of(pl.concat(frames), time.monotonic()))
+        idx.frames.append(_Frame.of(_concat(frames), time.monotonic()))
         idx.trim(None if dataset in KEEP_ALL_KEYS else self.window_s)
 
-    def _load(self, dataset: str, date: str, exclude: set[str]) -> pl.DataFrame:
+    def _load(self, dataset: str, date: str, exclude: set[str]) -> tuple[np.ndarray, np.ndarray]:
         folder = f"{self.root}/{dataset}/date={date}"
         skip = {part_name(b) for b in exclude}
         try:
@@ -308,10 +325,8 @@ class DatasetStore:
                 log.warning("%s: not a readable Parquet file with the %s key (%s), left out of the duplicate check "
                             "of %s date=%s", p, ", ".join(key), e, dataset, date)
                 continue
-            frames.append(_hashes(pl.from_arrow(t)))  # type: ignore[arg-type]
-        if not frames:
-            return pl.DataFrame(schema={"h1": pl.UInt64, "h2": pl.UInt64})
-        return pl.concat(frames).rechunk()
+            frames.append(_hashes(t))
+        return _concat(frames)
 
     def _evict(self) -> None:
         now = time.monotonic()

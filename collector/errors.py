@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
-
 
 class Refused(Exception):
     """Base: the request was not acknowledged. `reason` labels the metric."""
@@ -77,18 +75,24 @@ class Throttled(Overloaded):
 @dataclass(frozen=True)
 class WireStatus:
     http: int
-    grpc: grpc.StatusCode
+    grpc_name: str  # a grpc.StatusCode's name: gRPC is imported when asked, so the flusher, which reads the log, needs none
+
+    @property
+    def grpc(self):
+        import grpc
+
+        return grpc.StatusCode[self.grpc_name]
 
 
 _STATUS = {
-    BadRequest: WireStatus(400, grpc.StatusCode.INVALID_ARGUMENT),
-    TooLarge: WireStatus(413, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    UnsupportedMediaType: WireStatus(415, grpc.StatusCode.INVALID_ARGUMENT),
-    Unauthenticated: WireStatus(401, grpc.StatusCode.UNAUTHENTICATED),
-    NotFound: WireStatus(404, grpc.StatusCode.UNIMPLEMENTED),
-    RequestTimeout: WireStatus(408, grpc.StatusCode.DEADLINE_EXCEEDED),
-    Overloaded: WireStatus(503, grpc.StatusCode.UNAVAILABLE),
-    Throttled: WireStatus(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    BadRequest: WireStatus(400, "INVALID_ARGUMENT"),
+    TooLarge: WireStatus(413, "RESOURCE_EXHAUSTED"),
+    UnsupportedMediaType: WireStatus(415, "INVALID_ARGUMENT"),
+    Unauthenticated: WireStatus(401, "UNAUTHENTICATED"),
+    NotFound: WireStatus(404, "UNIMPLEMENTED"),
+    RequestTimeout: WireStatus(408, "DEADLINE_EXCEEDED"),
+    Overloaded: WireStatus(503, "UNAVAILABLE"),
+    Throttled: WireStatus(429, "RESOURCE_EXHAUSTED"),
 }
 
 
@@ -96,4 +100,4 @@ def wire_status(error: Refused) -> WireStatus:
     for cls in type(error).__mro__:
         if cls in _STATUS:
             return _STATUS[cls]
-    return WireStatus(500, grpc.StatusCode.INTERNAL)
+    return WireStatus(500, "INTERNAL")

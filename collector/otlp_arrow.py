@@ -163,19 +163,26 @@ def _nested_json(kind: str, value) -> str:
 
 
 def _json_strings(strings: pa.Array) -> pa.Array:
-    """Strings as JSON string literals, escaped as `json.dumps(ensure_ascii=False)` does."""
-    import polars as pl
-
-    enc = pl.Series("v", strings).to_frame().select(pl.struct("v").struct.json_encode().alias("j"))["j"]
-    return enc.str.slice(5, enc.str.len_chars() - 6).to_arrow()  # drop '{"v":' and '}'
+    """Strings as JSON string literals, escaped as `json.dumps(ensure_ascii=False)`
+    does: a backslash and a quote in Arrow, the rare string holding a control
+    character by `json.dumps` itself."""
+    strings = strings.cast(pa.string())
+    escaped = pc.replace_substring(pc.replace_substring(strings, "\\", "\\\\"), '"', '\\"')
+    quoted = pc.binary_join_element_wise('"', escaped, '"', "")
+    control = np.flatnonzero(pc.match_substring_regex(strings, "[\\x00-\\x1f]").fill_null(False)
+                             .to_numpy(zero_copy_only=False))
+    if len(control) == 0:
+        return quoted
+    texts = quoted.to_numpy(zero_copy_only=False).astype(object)
+    for i, v in zip(control.tolist(), strings.take(pa.array(control)).to_pylist()):
+        texts[i] = json.dumps(v, ensure_ascii=False)
+    return pa.array(texts, pa.string())
 
 
 def _simple_arrays_json(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """JSON text of array values (ptars: a list of serialized AnyValues each) whose
     items are all strings, ints or bools, the common case (finish reasons, tags,
     node lists), in Arrow; and a mask of those that need the general path."""
-    import polars as pl
-
     lists = _field(values, "values")
     items = pc.list_flatten(lists)
     parents = pc.list_parent_indices(lists).to_numpy()
@@ -191,8 +198,8 @@ def _simple_arrays_json(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     strings = pc.if_else(pa.array(sv), _json_strings(s), pa.scalar(None, pa.string()))  # null encodes as "null"
     text = pc.coalesce(strings, i.cast(pa.string()),
                        pc.if_else(b, pa.scalar("true"), pa.scalar("false")))
-    joined = pl.Series(pa.ListArray.from_arrays(_offsets(pc.list_value_length(lists)), text)).list.join(",")
-    return ("[" + joined + "]").to_arrow().cast(pa.string()), hard
+    joined = pc.binary_join(pa.ListArray.from_arrays(_offsets(pc.list_value_length(lists)), text), ",")
+    return pc.binary_join_element_wise("[", joined, "]", ""), hard
 
 
 def any_values(value: pa.Array, counter: list[int]) -> pa.StructArray:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import multiprocessing as mp
-import os
 import signal
 import ssl
 import threading
@@ -21,7 +19,7 @@ from pathlib import Path
 
 from nightshift.settings import logs
 
-from . import flusher_stats, grpc_server, http_server, listen, wal
+from . import flusher_process, flusher_stats, grpc_server, http_server, listen, wal
 from .config import CollectorConfig
 from .fairness import ClientLimits
 from .metrics import Metrics
@@ -45,17 +43,6 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def _run_flusher(*args, log_format: str = "text", **kwargs) -> None:
-    """The flusher process's entry point: the (heavy: pyarrow, polars) flusher is
-    imported only inside the child, so the receiver process stays small. Its log
-    is set up here, in the receiver's format: a spawned process inherits none, and
-    both write to the same stderr, which a log pipeline reads as one stream."""
-    logs.configure(kwargs.get("log_level", logging.INFO), log_format)
-    from .flusher import run
-
-    run(*args, **kwargs)
-
-
 class Collector:
     def __init__(self, cfg: CollectorConfig):
         self.cfg = cfg
@@ -64,24 +51,20 @@ class Collector:
         self.ready = False
         self.grpc_port = self.http_port = 0
         self._stop = threading.Event()
-        self._ctx = mp.get_context("spawn")
-        self._flusher_stop = self._ctx.Event()
-        self._stats = self._ctx.Array("d", flusher_stats.NSTATS, lock=False)
-        self._flusher: mp.process.BaseProcess | None = None
+        self._flusher_stop = flusher_process.StopSignal.pair()
+        self._stats = flusher_process.SharedStats()
+        self._flusher: flusher_process.FlusherProcess | None = None
         self._grpc = self._http = None
 
     # --- flusher process ----------------------------------------------------------------
 
     def _start_flusher(self) -> None:
-        self._flusher = self._ctx.Process(
-            target=_run_flusher,
-            args=(str(self.wal_dir), self.cfg.data, self.cfg.storage_options, self._flusher_stop, self._stats, os.getpid()),
-            kwargs={"log_level": logging.getLogger().level, "dedup_window": self.cfg.dedup_window,
-                    "log_format": logs.current()},
-            name="nightshift-flusher",
-            daemon=False,
-        )
-        self._flusher.start()
+        """The flusher, in the receiver's log format: both write to the same stderr,
+        which a log pipeline reads as one stream."""
+        settings = {"wal_dir": str(self.wal_dir), "data": self.cfg.data, "storage_options": self.cfg.storage_options,
+                    "dedup_window": self.cfg.dedup_window, "log_level": logging.getLogger().level,
+                    "log_format": logs.current()}
+        self._flusher = flusher_process.FlusherProcess(settings, self._stats, self._flusher_stop)
         log.info("flusher started (pid %d)", self._flusher.pid)
 
     def _health(self) -> tuple[bool, dict]:

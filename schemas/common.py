@@ -10,8 +10,12 @@ and nothing is dropped.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
-import polars as pl
+
+if TYPE_CHECKING:  # imported by `attr` when called: the collector's flusher writes these schemas without Polars
+    import polars as pl
 
 #: Bumped on any change to a column's name, type or meaning. Written into every
 #: Parquet file's metadata under `nightshift.schema_version`.
@@ -62,6 +66,8 @@ def attr(key: str, type: str = "string", column: str = "attributes") -> pl.Expr:
     `pl.scan_parquet(...).select(attr("gen_ai.usage.input_tokens", "int"))`.
     Arrays and kvlists come back as their JSON text.
     """
+    import polars as pl
+
     field = _VALUE_FIELD[type]
     return (
         pl.col(column)
