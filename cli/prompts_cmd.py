@@ -53,7 +53,8 @@ PROPOSE_EPILOG = """Examples:
 SETTINGS = ("the `apo:` section and top-level `data:`", "NIGHTSHIFT_APO_*, NIGHTSHIFT_DATA")
 PROPOSE_EXITS = ("0 candidates stored, 1 none (no failures to learn from, every proposal refused, the proposer "
                  "unreachable, no transitions, a candidates folder that cannot be written), 2 bad settings (no "
-                 "proposer, a key variable not set, an unknown agent, a meta-prompt file that cannot be used)")
+                 "proposer, a key variable not set, an unknown agent, a meta-prompt file that cannot be used) or "
+                 "a dataset this version cannot read")
 
 
 def add_prompts(sub, common) -> None:
@@ -63,7 +64,8 @@ def add_prompts(sub, common) -> None:
 
     p = sub.add_parser("prompts", help="each agent's prompt versions with their production reward; propose better ones",
                        description=DESCRIPTION,
-                       epilog=epilog("", *SETTINGS, "0 listed, 1 no transitions yet or no such agent, 2 bad settings"),
+                       epilog=epilog("", *SETTINGS, "0 listed, 1 no transitions yet or no such agent, 2 bad settings or a "
+                                     "dataset this version cannot read"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p, ApoConfig, "apo", ("data", "storage_options", "since", "min_trajectories", "candidates_dir"))
     p.add_argument("--agent", metavar="NAME", help="only this agent")
@@ -95,10 +97,14 @@ def cmd_prompts(args: argparse.Namespace) -> int:
     from nightshift.prompts import store
     from nightshift.prompts.lake import NoTransitions
     from nightshift.prompts.versions import by_agent, lines
+    from nightshift.schemas.layout import LayoutError
 
     cfg = _config(args)
     try:
         table = by_agent(cfg.data, cfg.since, cfg.storage_options, min_trajectories=cfg.min_trajectories)
+    except LayoutError as e:  # a newer schema version or a missing column: the data is wrong, not absent
+        say(f"nightshift prompts: {e}", args.log_format)
+        return 2
     except (NoTransitions, OSError) as e:
         say(f"nightshift prompts: {e}", args.log_format)
         return 1
@@ -142,6 +148,7 @@ def cmd_propose(args: argparse.Namespace) -> int:
     from nightshift.prompts.meta import MetaError
     from nightshift.prompts.propose import ApoError, lines, propose
     from nightshift.prompts.store import StoreError
+    from nightshift.schemas.layout import LayoutError
 
     from .console import setup_logging
 
@@ -149,7 +156,7 @@ def cmd_propose(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level, args.log_format)
     try:
         rnd = propose(cfg, args.agent)
-    except (ApoError, MetaError, ProposerError) as e:
+    except (ApoError, MetaError, ProposerError, LayoutError) as e:
         say(f"nightshift prompts propose: {e}", args.log_format)
         return 2
     except (NoTransitions, StoreError) as e:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from nightshift.schemas import layout
 from nightshift.schemas.common import attr
 from nightshift.schemas.prompt_identity import SYSTEM_ROLES
 
@@ -26,12 +27,14 @@ class NoTransitions(FileNotFoundError):
     """Nothing built yet under the data root: said, never a traceback."""
 
 
-def _root(data: str) -> str:
-    return data.rstrip("/")
+READER = "nightshift prompts"
 
 
 def _scan(data: str, dataset: str, storage_options: dict | None) -> pl.LazyFrame:
-    return pl.scan_parquet(f"{_root(data)}/{dataset}/**/*.parquet", hive_partitioning=True,
+    """Every file checked first (its version, the columns schemas/ declares this stage
+    reads: a `layout.LayoutError` sentence, not a ColumnNotFoundError), then scanned."""
+    layout.check_dataset(data, dataset, READER, storage_options)
+    return pl.scan_parquet(layout.files(data, dataset), hive_partitioning=True,
                            storage_options=storage_options or None, missing_columns="insert")
 
 

@@ -92,3 +92,26 @@ def test_train_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(t
     said = _one_sentence(capsys.readouterr().err, spoiled)
     assert ("transitions schema version 99" in said and "reads version 1 or 2" in said if spoil == "future"
             else "lacks the column(s) reward that nightshift train needs" in said)
+
+
+def _only(path: Path, dataset: str, reader: str) -> None:
+    """The file cut down to the columns `reader` declares it needs, and nothing else."""
+    t = pq.read_table(path)
+    pq.write_table(t.select(list(layout.needs(dataset, reader))).replace_schema_metadata(t.schema.metadata), path)
+
+
+@pytest.mark.parametrize("spoil", ["future", "missing"])
+def test_prompts_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(tmp_path, capsys, spoil):
+    data, spoiled = _transitions(tmp_path)
+    _rewrite(spoiled, **({"version": FUTURE} if spoil == "future" else {"drop": "input_messages"}))
+    assert main(["prompts", "--data", str(data)]) == 2
+    said = _one_sentence(capsys.readouterr().err, spoiled)
+    assert ("transitions schema version 99" in said if spoil == "future"
+            else "lacks the column(s) input_messages that nightshift prompts needs" in said)
+
+
+def test_prompts_reads_transitions_holding_only_the_columns_it_declares(tmp_path, capsys):
+    data, spoiled = _transitions(tmp_path)
+    for p in sorted((data / "transitions").rglob("*.parquet")):
+        _only(p, "transitions", "nightshift prompts")
+    assert main(["prompts", "--data", str(data), "--json"]) == 0, capsys.readouterr().err
