@@ -34,6 +34,8 @@ from . import feedback, logs, spans, transitions
 from .common import METADATA_NAME, METADATA_VERSION
 
 DATASETS: dict[str, ModuleType] = {m.NAME: m for m in (spans, logs, feedback, transitions)}
+#: The datasets' folder names under the data root, for the readers and writers that name one.
+SPANS, LOGS, FEEDBACK, TRANSITIONS = spans.NAME, logs.NAME, feedback.NAME, transitions.NAME
 
 #: The Hive partition key of every dataset: the UTC date its rows belong to.
 PARTITION = "date"
