@@ -53,7 +53,8 @@ def add_build(sub, common) -> None:
 
     b = sub.add_parser("build", help="build the transitions dataset (one credit-assigned row per LLM call)",
                        description=DESCRIPTION, epilog=epilog(EPILOG, *TRANSFORM_SETTINGS,
-                                                              "0 built, 1 nothing to build from, 2 bad settings"),
+                                                              "0 built, 1 nothing to build from, 2 bad settings or "
+                                                              "a dataset this version cannot read"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     common(b, TransformConfig, "transform")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -62,6 +63,7 @@ def add_build(sub, common) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from .console import say, setup_logging
+    from nightshift.schemas.layout import LayoutError
     from nightshift.transform.build import BuildError, build
     from nightshift.transform.config import TransformConfig
 
@@ -69,6 +71,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or "warning", args.log_format)
     try:
         summary = build(cfg, progress=not args.quiet and sys.stderr.isatty())
+    except LayoutError as e:  # a newer schema version or a missing column: the data is wrong, not absent
+        say(f"nightshift build: {e}", args.log_format)
+        return 2
     except BuildError as e:
         say(f"nightshift build: {e}", args.log_format)
         return 1

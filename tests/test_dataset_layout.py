@@ -115,3 +115,37 @@ def test_prompts_reads_transitions_holding_only_the_columns_it_declares(tmp_path
     for p in sorted((data / "transitions").rglob("*.parquet")):
         _only(p, "transitions", "nightshift prompts")
     assert main(["prompts", "--data", str(data), "--json"]) == 0, capsys.readouterr().err
+
+
+def _spans(tmp_path: Path) -> tuple[Path, Path]:
+    """Two batches of spans from the collector's own writer; the second is spoiled."""
+    from traces import Trace, genai_call, write_spans
+
+    data = tmp_path / "data"
+    for seed in ("a", "b"):
+        t = Trace(seed)
+        root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                      start=0, end=5)
+        t.span("chat m1", genai_call("task", "answer"), parent=root, start=1, end=2)
+        write_spans(data, [t], batch=seed)
+    (spoiled,) = (data / "spans").rglob(layout.batch_file("b"))
+    return data, spoiled
+
+
+@pytest.mark.parametrize("spoil", ["future", "missing"])
+def test_build_refuses_spans_it_cannot_read_with_one_sentence_and_exit_2(tmp_path, capsys, spoil):
+    data, spoiled = _spans(tmp_path)
+    _rewrite(spoiled, **({"version": FUTURE} if spoil == "future" else {"drop": "service_name"}))
+    assert main(["build", "--data", str(data), "--quiet", "--settle", "0"]) == 2
+    said = _one_sentence(capsys.readouterr().err, spoiled)
+    assert ("spans schema version 99" in said and "reads version 1" in said if spoil == "future"
+            else "lacks the column(s) service_name that nightshift build needs" in said)
+    assert not (data / "transitions").exists() or not list((data / "transitions").rglob("*.parquet"))
+
+
+def test_build_reads_spans_holding_only_the_columns_it_declares(tmp_path, capsys):
+    data, _ = _spans(tmp_path)
+    for p in sorted((data / "spans").rglob("*.parquet")):
+        _only(p, "spans", "nightshift build")
+    assert main(["build", "--data", str(data), "--quiet", "--settle", "0"]) == 0, capsys.readouterr().err
+    assert len(list((data / "transitions").rglob("*.parquet"))) == 1

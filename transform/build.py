@@ -30,7 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nightshift.schemas import transitions
+from nightshift.schemas import layout, transitions
+from nightshift.schemas import spans as spans_schema
 
 from . import attrs as A
 from . import calls as C
@@ -40,10 +41,10 @@ from .rewards import Observation, Trajectory, call_function, from_span, load_fun
 
 log = logging.getLogger("nightshift.transform")
 
-SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "start_time", "end_time", "received_time",
-                "service_name", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_agent_name", "gen_ai_conversation_id",
-                "scope_name", "attributes", "events", "links", "dropped_attributes_count", "scope_schema_url",
-                "resource_schema_url"]
+READER = "nightshift build"
+#: What the build reads of each span: the columns it needs (`layout.check` names any a
+#: file lacks), then those it goes without (events, links, schema URLs).
+SPAN_COLUMNS = [*layout.needs(layout.SPANS, READER), *spans_schema.OPTIONAL[READER]]
 #: Peak process bytes per uncompressed byte of the span columns read: the Arrow
 #: columns, the calls' attributes as Python objects, and the rows built from them.
 OVERHEAD = 8.0  # measured: 200k Agent Lightning spans, peak RSS / bucket size
@@ -180,15 +181,16 @@ def _listing(fs, base: str, since: dt.date | None = None, until: dt.date | None 
         return out
     for entry in sorted(fs.ls(base, detail=True), key=lambda e: e["name"]):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry["type"] != "directory" or not name.startswith("date="):
+        date = layout.partition_date(name)
+        if entry["type"] != "directory" or date is None:
             continue
-        day = _day(name[5:], "partition")
+        day = _day(date, "partition")
         if (since and day < since) or (until and day > until + dt.timedelta(days=1)):
             continue
         files = {f["name"].rsplit("/", 1)[-1]: incremental.stamp(f) for f in fs.ls(entry["name"], detail=True)
-                 if f["type"] == "file" and f["name"].endswith(".parquet")}
+                 if f["type"] == "file" and f["name"].endswith(layout.SUFFIX)}
         if files:
-            out[name[5:]] = dict(sorted(files.items()))
+            out[date] = dict(sorted(files.items()))
     return out
 
 
@@ -199,7 +201,8 @@ def _partitions(fs, out_root: str) -> dict[str, str]:
 
 def _feedback_files(fs, root: str) -> dict[str, str]:
     """Feedback files ("date=YYYY-MM-DD/name" -> stamp)."""
-    return {f"date={d}/{n}": st for d, files in _listing(fs, f"{root}/feedback").items() for n, st in files.items()}
+    return {f"{layout.partition(d)}/{n}": st for d, files in _listing(fs, layout.folder(root, layout.FEEDBACK)).items()
+            for n, st in files.items()}
 
 
 def _uncompressed(fs, path: str) -> int:
@@ -237,7 +240,7 @@ class _Source:
     only: pl.Series | None = None
 
 
-def _row_groups(fs, src: _Source, columns: list[str], bad: list[str]) -> Iterator[pa.Table]:
+def _row_groups(fs, src: _Source, columns: list[str], bad: list[str], dataset: str = layout.SPANS) -> Iterator[pa.Table]:
     """A Parquet file's row groups, one at a time, each with its `_pdate`. One that
     cannot be read (a corrupt page, a file cut short) is reported by file and row
     group and skipped; the file's other row groups are still read."""
@@ -250,7 +253,10 @@ def _row_groups(fs, src: _Source, columns: list[str], bad: list[str]) -> Iterato
         return
     only = None if src.only is None else src.only.to_arrow()
     with fh:
-        names = set(pf.schema_arrow.names)  # a property that converts the whole nested schema each time
+        schema = pf.schema_arrow  # a property that converts the whole nested schema each time
+        # a newer version, or a column the build needs gone: one sentence (exit 2), not a skip, not a traceback
+        layout.check(layout.shown(fs, path), schema, dataset, READER)
+        names = set(schema.names)
         cols = [c for c in columns if c in names]
         for g in range(pf.num_row_groups):
             try:
@@ -268,9 +274,10 @@ def _row_groups(fs, src: _Source, columns: list[str], bad: list[str]) -> Iterato
             yield t.append_column("_pdate", pa.array([src.date] * t.num_rows, pa.string()))
 
 
-def _read(fs, sources: list[_Source], columns: list[str], bad: list[str] | None = None) -> pl.DataFrame:
+def _read(fs, sources: list[_Source], columns: list[str], bad: list[str] | None = None,
+          dataset: str = layout.SPANS) -> pl.DataFrame:
     bad = [] if bad is None else bad
-    tables = [t for src in sources for t in _row_groups(fs, src, columns, bad)]
+    tables = [t for src in sources for t in _row_groups(fs, src, columns, bad, dataset)]
     if not tables:
         return pl.DataFrame()
     return pl.from_arrow(pa.concat_tables(tables, promote_options="default"))
@@ -350,10 +357,10 @@ def _read_bucket(path: str) -> pl.DataFrame:
 def _feedback(fs, root: str, files: dict[str, str]) -> pl.DataFrame:
     """Every feedback row, with the file it is in (`_file`): an incremental build
     remembers which dates each file named, to rebuild them when the file goes."""
-    cols = ["feedback_id", "trace_id", "conversation_id", "span_id", "name", "value", "received_time"]
+    cols = list(layout.needs(layout.FEEDBACK, READER))
     frames = []
     for name in sorted(files):
-        df = _read(fs, [_Source(f"{root}/feedback/{name}", "")], cols)
+        df = _read(fs, [_Source(f"{layout.folder(root, layout.FEEDBACK)}/{name}", "")], cols, dataset=layout.FEEDBACK)
         if df.height:
             frames.append(df.drop("_pdate").with_columns(pl.lit(name).alias("_file")))
     if not frames:
@@ -374,8 +381,7 @@ def _log_events(fs, sources: list[_Source]) -> pl.DataFrame:
     with its `_pdate`."""
     if not sources:
         return pl.DataFrame()
-    df = _read(fs, sources, ["record_id", "time", "observed_time", "event_name", "body", "attributes", "trace_id",
-                             "span_id"])
+    df = _read(fs, sources, list(layout.needs(layout.LOGS, READER)), dataset=layout.LOGS)
     if df.height == 0:
         return pl.DataFrame()
     name = pl.coalesce(pl.col("event_name"), pl.col("attributes").list.eval(
@@ -780,10 +786,12 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         raise BuildError(f"--since {since} is after --until {until}")
     fs, root = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
     root = root.rstrip("/")
-    if not fs.exists(f"{root}/spans"):
-        raise BuildError(f"no spans dataset at {root}/spans: run `nightshift collect` (or `nightshift ingest`) first")
-    out_root = f"{root}/transitions"
-    inputs = incremental.Inputs(root, _listing(fs, f"{root}/spans", since, until), _listing(fs, f"{root}/logs"),
+    if not fs.exists(layout.folder(root, layout.SPANS)):
+        raise BuildError(f"no spans dataset at {layout.folder(root, layout.SPANS)}: run `nightshift collect` (or "
+                         "`nightshift ingest`) first")
+    out_root = layout.folder(root, layout.TRANSITIONS)
+    inputs = incremental.Inputs(root, _listing(fs, layout.folder(root, layout.SPANS), since, until),
+                                _listing(fs, layout.folder(root, layout.LOGS)),
                                 _feedback_files(fs, root), {})
     feedback = _feedback(fs, root, inputs.feedback)
     plan, old_state = None, None
@@ -811,7 +819,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         reads = [_Source(p, d) for d, paths in inputs.span_paths(inputs.spans).items() for p in paths]
         logs = [_Source(p, d) for d, paths in inputs.log_paths(inputs.spans).items() for p in paths]
     if not reads and not dates:
-        raise BuildError(f"no span files under {root}/spans" + (" in the window" if since or until else ""))
+        raise BuildError(f"no span files under {layout.folder(root, layout.SPANS)}"
+                         + (" in the window" if since or until else ""))
     functions = []
     for spec in cfg.reward.functions:
         try:
