@@ -220,7 +220,19 @@ class Template:
         return bytes(buf)
 
 
-def build_template(seed: int, n_spans: int, secret_fraction: float) -> Template:
+#: Span sizes (bytes) drawn uniformly when no size is asked for: GenAI calls from
+#: a short answer to a long conversation.
+SPAN_BYTES = (1000, 10000)
+
+
+def span_range(kb: float | None) -> tuple[int, int]:
+    """The span sizes of a run: about `kb` KB each (within 20 %), or `SPAN_BYTES`."""
+    if not kb:
+        return SPAN_BYTES
+    return int(kb * 800), int(kb * 1200)
+
+
+def build_template(seed: int, n_spans: int, secret_fraction: float, span_bytes: tuple[int, int] = SPAN_BYTES) -> Template:
     rng = random.Random(seed)
     now_ns = time.time_ns()
     provider_service = SERVICES[seed % len(SERVICES)]
@@ -243,7 +255,7 @@ def build_template(seed: int, n_spans: int, secret_fraction: float) -> Template:
         root = None
         for _ in range(trace_len):
             sid = SPAN_MARK + struct.pack(">I", len(spans))
-            spans.append(_span(rng, tid, sid, root or b"", int(rng.uniform(1000, 10000)), now_ns, secret_fraction))
+            spans.append(_span(rng, tid, sid, root or b"", int(rng.uniform(*span_bytes)), now_ns, secret_fraction))
             root = root or sid
         n_traces += 1
     req = ExportTraceServiceRequest(resource_spans=[ResourceSpans(resource=resource, scope_spans=[ScopeSpans(scope=scope, spans=spans)])])
@@ -270,10 +282,11 @@ def build_template(seed: int, n_spans: int, secret_fraction: float) -> Template:
     return tpl
 
 
-def build_templates(count: int, n_spans: int, secret_fraction: float = 0.0) -> list[Template]:
+def build_templates(count: int, n_spans: int, secret_fraction: float = 0.0,
+                    span_bytes: tuple[int, int] = SPAN_BYTES) -> list[Template]:
     """The load's request templates: seeds 1000, 1001, ... so that Nightshift and its
     peer get the same content."""
-    return [build_template(1000 + i, n_spans, secret_fraction) for i in range(count)]
+    return [build_template(1000 + i, n_spans, secret_fraction, span_bytes) for i in range(count)]
 
 
 # --------------------------------------------------------------------------------------
