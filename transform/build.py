@@ -35,7 +35,7 @@ from nightshift.schemas import spans as spans_schema
 
 from . import attrs as A
 from . import calls as C
-from . import credit, incremental, normalize, output, pool
+from . import credit, distributed, incremental, normalize, output, pool, spill
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
 
@@ -84,6 +84,22 @@ class Summary:
     bad_token_ids: list = field(default_factory=lambda: [0, ""])
     #: calls read by the Python reader instead of the expressions, by why (rare layouts)
     python_reader: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: Ray worker process -> its peak RSS in bytes (engine ray)
+    workers: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: "Summary") -> None:
+        """Add what one bucket found, as if this build had gone on to build it: buckets
+        added in order give the counts and examples of one process building them all."""
+        for name in ("spans", "trajectories", "waiting", "outside_window", "unrated", "reward_errors"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.dropped_by_agent += other.dropped_by_agent
+        for mine, theirs in ((self.rewards_by_source, other.rewards_by_source), (self.flagged, other.flagged),
+                             (self.content_missing, other.content_missing), (self.python_reader, other.python_reader)):
+            for k, v in theirs.items():
+                mine[k] += v
+        self.unreadable += other.unreadable
+        self.bad_token_ids[0] += other.bad_token_ids[0]
+        self.bad_token_ids[1] = self.bad_token_ids[1] or other.bad_token_ids[1]
 
     def lines(self) -> list[str]:
         out = [
@@ -131,6 +147,9 @@ class Summary:
             out.append(f"calls read by the Python reader: {sum(self.python_reader.values())} ("
                        + ", ".join(f"{k} {v}" for k, v in sorted(self.python_reader.items(), key=lambda kv: -kv[1]))
                        + ")")
+        if self.workers:
+            out.append(f"ray: {self.buckets} bucket(s) on {len(self.workers)} worker process(es), peak RSS "
+                       + ", ".join(f"{v / 2**20:.0f} MiB" for _, v in sorted(self.workers.items())))
         for flag, n in sorted(self.flagged.items()):
             out.append(f"rows flagged {flag}: {n}")
         for conv, n in sorted(self.content_missing.items()):
@@ -446,6 +465,90 @@ class _Ctx:
     dates: set[str] | None = None  # an incremental build's dates; None: every date in the window
     seen: incremental.Seen | None = None  # what an incremental build learns of each date, for the next
     log_dates: dict[str, set[str]] = field(default_factory=dict)  # trace -> dates of its log events
+
+
+@dataclass
+class _Shared:
+    """What every bucket reads besides its own spans (sent once to each Ray worker)."""
+
+    cfg: TransformConfig
+    now_ns: int
+    since: dt.date | None
+    until: dt.date | None
+    feedback: pl.DataFrame
+    logs: pl.DataFrame
+    dates: set[str] | None
+    incremental: bool
+    log_dates: dict[str, set[str]] = field(default_factory=dict)
+
+
+@dataclass
+class _Job:
+    """One bucket: its span files (a build in one bucket) or its file from the split,
+    and the scratch folder its parts go to. Paths, not data: the spans stay where
+    they are until the process that builds the bucket reads them."""
+
+    bucket: int
+    sources: list[_Source]
+    split: str
+    scratch: str
+
+
+@dataclass
+class _Done:
+    """What a bucket left: its row frames ((frame, date, spill file), by date), its
+    pool columns' file, and what it counted and learnt."""
+
+    bucket: int
+    frames: list[tuple[int, str, str]]
+    slim: str
+    summary: Summary
+    counts: C.Counts
+    seen: incremental.Seen | None
+    worker: tuple[str, int] | None = None  # (process, peak RSS) when built away from the driver
+
+
+def _part(bucket: int, j: int) -> int:
+    """A frame's number: its advantages come back by it."""
+    return bucket << 20 | j
+
+
+def _spans(job: _Job, cfg: TransformConfig, summary: Summary) -> pl.DataFrame:
+    if job.split:
+        return _read_bucket(job.split)
+    fs, _ = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
+    return _read(fs, job.sources, SPAN_COLUMNS, summary.unreadable)
+
+
+def run_bucket(job: _Job, shared: _Shared) -> _Done:
+    """Build one bucket of whole traces: the same code in this process and in a Ray
+    task. Its rows are spilled by date (later buckets must not keep them in memory),
+    each file written whole or not at all, so a task killed and retried leaves no
+    half part behind; nothing is committed here, the driver does that."""
+    cfg = shared.cfg
+    summary = Summary()
+    functions = [(spec, load_function(spec)) for spec in cfg.reward.functions]
+    ctx = _Ctx(cfg, shared.now_ns, shared.since, shared.until, shared.feedback, shared.logs, functions,
+               re.compile(cfg.agents_include) if cfg.agents_include else None,
+               re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
+               re.compile(cfg.credit.tool_error_pattern), shared.dates,
+               incremental.Seen() if shared.incremental else None, shared.log_dates)
+    rows, tokens = process(_spans(job, cfg, summary), ctx)  # `process` holds the only reference: it frees them early
+    by_day: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_day[r["_date"]].append(r)
+    del rows
+    frames, slim = [], []
+    for j, (day, rs) in enumerate(sorted(by_day.items())):
+        t = _table(rs, tokens)
+        part = _part(job.bucket, j)
+        slim.append(pool.slim(t).with_columns(pl.lit(part, pl.UInt64).alias("_part")))
+        frames.append((part, day, spill.write_ipc(t, os.path.join(job.scratch, f"rows-{day}-{job.bucket:05d}.arrow"))))
+        del t
+    del by_day, tokens
+    path = spill.write_ipc(pl.concat(slim), os.path.join(job.scratch, f"slim-{job.bucket:05d}.arrow")) if slim else ""
+    _give_back_memory()
+    return _Done(job.bucket, frames, path, summary, ctx.counts, ctx.seen)
 
 
 def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame | None]:
@@ -821,24 +924,18 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     if not reads and not dates:
         raise BuildError(f"no span files under {layout.folder(root, layout.SPANS)}"
                          + (" in the window" if since or until else ""))
-    functions = []
-    for spec in cfg.reward.functions:
+    for spec in cfg.reward.functions:  # each bucket loads them again (a Ray worker too): a bad one fails here, once
         try:
-            functions.append((spec, load_function(spec)))
+            load_function(spec)
         except ValueError as e:
             raise BuildError(str(e)) from None
     logs = _log_events(fs, logs)
-    ctx = _Ctx(cfg, now_ns, since, until, _labels(feedback), logs,
-               functions, re.compile(cfg.agents_include) if cfg.agents_include else None,
-               re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
-               re.compile(cfg.credit.tool_error_pattern), dates)
-    if plan is not None:
-        ctx.seen = incremental.Seen()
-        if logs.height:
-            ctx.log_dates = {t: set(ds) for t, ds in logs.group_by("trace_id").agg(
-                pl.col("_pdate").unique()).iter_rows()}
+    shared = _Shared(cfg, now_ns, since, until, _labels(feedback), logs, dates, plan is not None)
+    if plan is not None and logs.height:
+        shared.log_dates = {t: set(ds) for t, ds in logs.group_by("trace_id").agg(
+            pl.col("_pdate").unique()).iter_rows()}
     total = sum(_uncompressed(fs, src.path) for src in reads)  # of what this build reads, not of every date
-    buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)))
+    buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)), cfg.build.buckets)
     if cfg.trajectory in ("conversation", "linked") and buckets > 1:
         log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
         buckets = 1
@@ -852,61 +949,48 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     try:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(reads) if buckets == 1 else buckets, unit="file" if buckets == 1 else "bucket",
-                   desc="build", disable=not progress)
+        bar = tqdm(total=buckets, unit="bucket", desc="build", disable=not progress)
         if buckets == 1:
-            sources = [reads]
+            jobs = [_Job(0, reads, "", tmp)]
         else:
             bar.set_description("split")
             split = _split(fs, reads, buckets, tmp, cfg.memory_budget // int(OVERHEAD), summary.unreadable)
-            bar.set_description("build")
-            sources = [[p] if p else [] for p in split]
-        slim: list[pl.DataFrame] = []
-        held: dict[str, list] = defaultdict(list)  # per date: row frames, or their spill files
-        for b, paths in enumerate(sources):
-            def load(paths=paths) -> pl.DataFrame:
-                if buckets == 1:
-                    return _read(fs, paths, SPAN_COLUMNS, summary.unreadable)
-                return _read_bucket(paths[0]) if paths else pl.DataFrame()
-
-            # `process` holds the only reference to the spans, so it can free them early.
-            rows, tokens = process(load(), ctx)
-            by_day: dict[str, list[dict]] = defaultdict(list)
-            for r in rows:
-                by_day[r["_date"]].append(r)
-            for day, rs in sorted(by_day.items()):
-                t = _table(rs, tokens)
-                part = len(slim)  # this frame's number: its advantages come back by it
-                slim.append(pool.slim(t).with_columns(pl.lit(part, pl.UInt32).alias("_part")))
-                if buckets == 1:
-                    held[day].append((part, t))
-                else:  # later buckets must not keep this one's rows in memory
-                    path = os.path.join(tmp, f"rows-{day}-{b:04d}.arrow")
-                    t.write_ipc(path, compression="lz4")
-                    held[day].append((part, path))
-            bar.update(len(paths) if buckets == 1 else 1)
-            _give_back_memory()
+            jobs = [_Job(b, [], p, tmp) for b, p in enumerate(split) if p]
+        bar.set_description("build")
+        try:
+            done = distributed.run(cfg.build, run_bucket, jobs, shared, lambda: bar.update(1))
+        except distributed.EngineError as e:
+            raise BuildError(str(e)) from None
         bar.close()
-        kept: dict[int, tuple[str, pl.DataFrame]] = {}  # the partitions an incremental build keeps join the pool
-        for day in sorted(set(inputs.partitions) - dates) if dates is not None else ():
-            part = len(slim)
+        ctx = _Ctx(cfg, now_ns, since, until, shared.feedback, logs, [], None, None, summary, C.Counts(),
+                   seen=incremental.Seen() if plan is not None else None)
+        held: dict[str, list[tuple[int, str]]] = defaultdict(list)  # per date: (frame, its rows' spill file)
+        slim = []
+        for d in done:  # in bucket order: the same summary, examples and state as one process building them all
+            summary.add(d.summary)
+            ctx.counts.add(d.counts)
+            if ctx.seen is not None:
+                ctx.seen.add(d.seen)
+            for part, day, path in d.frames:
+                held[day].append((part, path))
+            slim += [d.slim] if d.slim else []
+            if d.worker:
+                summary.workers.setdefault(d.worker[0], d.worker[1])
+                summary.workers[d.worker[0]] = max(summary.workers[d.worker[0]], d.worker[1])
+        kept: dict[int, tuple[str, str]] = {}  # the partitions an incremental build keeps join the pool
+        for i, day in enumerate(sorted(set(inputs.partitions) - dates) if dates is not None else ()):
+            part = _part(buckets + i, 0)
             try:
                 k = pool.read_kept(fs, out_root, day)
             except pool.Unreadable as e:
                 raise BuildError(str(e)) from None
-            kept[part] = (day, k.select(*pool.ID, "_was"))
-            slim.append(k.drop("_was").with_columns(pl.lit(part, pl.UInt32).alias("_part")))
-        if slim:
-            s = pl.concat(slim).sort(*pool.ID)  # the same sums whatever the bucket count, or the dates rebuilt
-            del slim
-            adv = s.select(*pool.ID, "_part", credit.advantages(s, cfg.advantage.baseline, cfg.advantage.normalize))
-            del s
-        else:
-            adv = pl.DataFrame(schema={"_hi": pl.UInt64, "_lo": pl.UInt64, "_part": pl.UInt32, "advantage": pl.Float64})
-        # by frame: each frame joins its own few thousand advantages, not the window's millions
-        adv_of = {k[0]: v for k, v in adv.partition_by("_part", as_dict=True, include_key=False).items()}
-        no_adv = adv.drop("_part").clear()
-        del adv
+            kept[part] = (day, spill.write_ipc(k.select(*pool.ID, "_was"), os.path.join(tmp, f"was-{day}.arrow")))
+            slim.append(spill.write_ipc(k.drop("_was").with_columns(pl.lit(part, pl.UInt64).alias("_part")),
+                                        os.path.join(tmp, f"slim-kept-{day}.arrow")))
+            del k
+        # per-group sums from the spilled parts: no per-row table held for the whole window
+        adv = spill.advantages(slim, os.path.join(tmp, "advantages"), cfg.advantage.baseline,
+                               cfg.advantage.normalize)
         window_days = dates if dates is not None else {
             d for d in inputs.spans if (not since or dt.date.fromisoformat(d) >= since)
             and (not until or dt.date.fromisoformat(d) <= until)}
@@ -915,9 +999,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         for day in sorted(window_days | set(held)):
 
             def tables(day=day):
-                for part, item in held.get(day, []):
-                    frame = _read_bucket(item) if isinstance(item, str) else item  # not read_ipc: Polars keeps its maps
-                    yield pool.with_advantages(frame, adv_of.pop(part, no_adv))
+                for part, path in held.get(day, []):
+                    yield pool.with_advantages(spill.read_ipc(path), adv.of(part))
 
             n = output.write_partition(fs, out_root, day, tables())
             held.pop(day, None)
@@ -925,8 +1008,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             if n or day in window_days:
                 summary.partitions.append(day)
         for part, (day, was) in sorted(kept.items()):
-            new = adv_of.pop(part, no_adv)
-            if pool.changed(was, new):
+            new = adv.of(part)
+            if pool.changed(spill.read_ipc(was), new):
                 pool.rewrite(fs, out_root, day, new)
                 summary.repooled.append(day)
     finally:

@@ -14,6 +14,7 @@ CREDIT_STRATEGIES = ("identical", "discounted", "last", "per_step")
 BASELINES = ("group", "batch", "none")
 WEIGHTINGS = ("trajectory", "step")
 SOURCES = ("feedback", "function", "span")
+ENGINES = ("local", "ray")
 
 
 _DATE = r"\d{4}-\d{2}-\d{2}"
@@ -64,6 +65,25 @@ class AdvantageConfig:
 
 
 @dataclass
+class BuildConfig:
+    """Where the buckets of traces are built: one after another in this process, or as
+    tasks on Ray when one machine's cores are not enough. The rows are the same."""
+
+    engine: str = setting("local", help="local (buckets one after another in this process) or ray (each bucket a "
+                                        "Ray task: on a local cluster of build.workers processes, or on the cluster "
+                                        "at build.ray_address); the same rows either way", choices=ENGINES)
+    ray_address: str = setting("", help="the Ray cluster to run on (host:6379, ray://host:10001 or auto); empty: "
+                                        "RAY_ADDRESS if set, else a local cluster started for this build; the data "
+                                        "folder must be one every node reaches at the same path",
+                               metavar="ADDRESS")
+    workers: int = setting(0, help="processes of the local Ray cluster (0: one per core of this machine)",
+                           bounds="[0, inf)")
+    buckets: int = setting(0, help="at least this many buckets of traces (0: as many as memory_budget needs); Ray "
+                                   "runs them side by side, so give it a few per worker; rows are the same, their "
+                                   "order within a partition follows the buckets", bounds="[0, inf)")
+
+
+@dataclass
 class TransformConfig:
     """Which spans become which trajectories and transitions."""
 
@@ -96,6 +116,7 @@ class TransformConfig:
     reward: RewardConfig = setting(factory=RewardConfig, help="rewards")
     credit: CreditConfig = setting(factory=CreditConfig, help="credit assignment")
     advantage: AdvantageConfig = setting(factory=AdvantageConfig, help="advantages")
+    build: BuildConfig = setting(factory=BuildConfig, help="where the buckets are built (this process, or Ray)")
 
     def rules(self) -> None:
         if self.incremental and (self.since or self.until):

@@ -55,7 +55,7 @@ STATE = "build/state.json"
 VERSION = 2
 
 #: Settings that do not change a partition's rows: the window and the resources.
-_NOT_SHAPING = ("data", "since", "until", "memory_budget", "storage_options", "incremental")
+_NOT_SHAPING = ("data", "since", "until", "memory_budget", "storage_options", "incremental", "build")
 #: Listing fields that change when a file is rewritten: local disks, then object stores.
 _STAMP_KEYS = ("ino", "mtime", "ETag", "etag", "LastModified", "last_modified", "generation", "created")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
@@ -128,6 +128,15 @@ class Seen:
             self.settle[day] = min(settle_at, self.settle.get(day, settle_at))
         if rows:
             self.built.append((tids, session, day))
+
+    def add(self, other: "Seen") -> None:
+        """What another bucket learnt (buckets added in order: the same state as one
+        process building them all)."""
+        for day, dates in other.reach.items():
+            self.reach[day] |= dates
+        for day, at in other.settle.items():
+            self.settle[day] = min(at, self.settle.get(day, at))
+        self.built += other.built
 
 
 # --- the state file -------------------------------------------------------------------------------

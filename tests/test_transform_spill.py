@@ -1,0 +1,120 @@
+"""Item 2 of issue 28: a build's memory is bounded at any size. The advantages are
+pooled over every row of the window, yet computed from the per-bucket parts spilled
+to disk, a part of about `spill.ROWS_PER_PART` rows at a time, never from one table
+of the whole window's rows; and they are the advantages `credit.advantages` gives on
+the whole pool (to the bit in one part, whatever the bucket count in any)."""
+
+from __future__ import annotations
+
+import random
+
+import polars as pl
+import pytest
+
+from nightshift.transform import build as B
+from nightshift.transform import credit, pool, spill
+from nightshift.transform.config import TransformConfig
+from traces import T0, Trace, genai_call, write_spans
+
+S = 10**9
+
+
+def pool_frame(n: int, seed: int) -> pl.DataFrame:
+    """`n` rows as `pool.slim` makes them: trajectories of 1 to 3 calls in a few
+    groups (some null), some unrated."""
+    rng = random.Random(seed)
+    rows, i = [], 0
+    while len(rows) < n:
+        group = rng.choice([None, 1, 2, 3, 4, 5])
+        ret = rng.choice([None, 0.0, 0.25, 1.0, rng.random()])
+        steps = rng.randint(1, 3)
+        for _ in range(steps):
+            rows.append({"_hi": rng.getrandbits(64), "_lo": rng.getrandbits(64), "trajectory_id": i,
+                         "group_id": group, "return": ret, "weight": 1.0 / steps})
+        i += 1
+    return pl.DataFrame(rows[:n], schema={"_hi": pl.UInt64, "_lo": pl.UInt64, "trajectory_id": pl.UInt64,
+                                          "group_id": pl.UInt64, "return": pl.Float64, "weight": pl.Float64})
+
+
+def spilled(df: pl.DataFrame, files: int, folder) -> list[str]:
+    """`df` cut into `files` bucket parts, advantages from the spill, in id order."""
+    df = df.with_row_index("_r").with_columns((pl.col("_r") % files).cast(pl.UInt64).alias("_part")).drop("_r")
+    paths = [spill.write_ipc(part, str(folder / f"slim-{k}.arrow"))
+             for k, (_, part) in enumerate(sorted(df.partition_by("_part", as_dict=True).items()))]
+    return paths
+
+
+@pytest.mark.parametrize("baseline,normalize", [("group", False), ("group", True), ("batch", False),
+                                                ("batch", True), ("none", False), ("none", True)])
+def test_one_part_is_credit_advantages_to_the_bit(tmp_path, baseline, normalize):
+    df = pool_frame(3000, 1)
+    want = df.sort(*pool.ID)
+    want = want.select(*pool.ID, credit.advantages(want, baseline, normalize))
+    for files in (1, 7):
+        (tmp_path / f"in{files}").mkdir()
+        adv = spill.advantages(spilled(df, files, tmp_path / f"in{files}"), str(tmp_path / f"adv{files}"), baseline,
+                               normalize)
+        assert adv.parts == 1
+        got = pl.concat([adv.of(p) for p in range(files)]).sort(*pool.ID)
+        assert got.equals(want), (files, baseline, normalize)
+
+
+def test_many_parts_give_the_same_advantages_whatever_the_buckets(tmp_path, monkeypatch):
+    monkeypatch.setattr(spill, "ROWS_PER_PART", 400)
+    df = pool_frame(3000, 2)
+    want = df.sort(*pool.ID)
+    want = want.select(*pool.ID, credit.advantages(want, "group", True))
+    results = []
+    for files in (1, 5, 11):
+        (tmp_path / f"in{files}").mkdir()
+        adv = spill.advantages(spilled(df, files, tmp_path / f"in{files}"), str(tmp_path / f"adv{files}"), "group",
+                               True)
+        assert adv.parts == 8
+        results.append(pl.concat([adv.of(p) for p in range(files)]).sort(*pool.ID))
+    assert results[0].equals(results[1]) and results[0].equals(results[2])  # to the bit, whatever the buckets
+    both = results[0].join(want, on=list(pool.ID), suffix="_whole")
+    assert both.height == 3000
+    diff = both.select((pl.col("advantage") - pl.col("advantage_whole")).abs().max()).item()
+    assert diff < 1e-12  # the batch's sums are added part by part: the same up to rounding
+
+
+def test_no_table_of_the_whole_windows_rows_is_held(tmp_path, monkeypatch):
+    """The pool of a window in many buckets is never one frame: every frame of pool
+    columns the build makes holds one bucket's rows or one part's. (Before the
+    spill, the whole window's pool was concatenated, sorted and joined in memory.)"""
+    data = tmp_path / "data"
+    traces = []
+    for i in range(60):
+        t = Trace(f"spill-{i}")
+        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+                      start=i, end=i + 30)
+        for k in range(3):
+            t.span("chat m", genai_call(f"task {i % 7}", f"answer {k}"), parent=root, start=i + 1 + k, end=i + 2 + k)
+        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
+                                             "agentlightning.reward.0.value": float(i % 3) / 2},
+               parent=root, start=i + 25, end=i + 26)
+        traces.append(t)
+    write_spans(str(data), traces)
+    monkeypatch.setattr(spill, "ROWS_PER_PART", 20)
+    sizes: list[int] = []
+    real = pl.concat
+
+    def concat(items, *a, **kw):
+        out = real(items, *a, **kw)
+        if isinstance(out, pl.DataFrame) and "return" in out.columns and "_hi" in out.columns:
+            sizes.append(out.height)
+        return out
+
+    monkeypatch.setattr(pl, "concat", concat)
+    s = B.build(TransformConfig(data=str(data), settle=0, memory_budget=20_000))
+    assert s.transitions == 180 and s.buckets >= 8
+    assert sizes and max(sizes) <= 60, sizes  # a part: 20 rows give or take a group; never the window's 180
+    monkeypatch.setattr(pl, "concat", real)
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "spans").symlink_to(data / "spans", target_is_directory=True)
+    B.build(TransformConfig(data=str(again), settle=0))  # one bucket, one part: the same rows
+    one = pl.read_parquet(f"{again}/transitions/date=*/*.parquet").sort("transition_id")
+    many = pl.read_parquet(f"{data}/transitions/date=*/*.parquet").sort("transition_id")
+    assert one.select(pl.exclude("advantage")).equals(many.select(pl.exclude("advantage")))
+    assert (one["advantage"] - many["advantage"]).abs().max() < 1e-12

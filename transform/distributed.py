@@ -1,0 +1,129 @@
+"""Where a build's buckets run: one after another in this process, or as tasks on Ray.
+
+A build splits its window into buckets of whole traces (`build`); each bucket is
+built by the same function (`build.run_bucket`) from file paths (the spans stay in
+the lake, or in the split's scratch files) and leaves its parts in the scratch
+folder; the driver then pools the advantages and commits every partition, as a
+build in one process does. So Ray changes where the buckets run, never what they
+make: the rows are the same, row for row.
+
+Ray, not Dask: a bucket is a coarse task of Python code (seconds to minutes, reading
+its own files and writing its own parts), which is what Ray's task API schedules,
+retries when a worker dies (`max_retries`) and spreads over a cluster with nothing
+else to learn; Dask's strength, collections of dataframes, is not what a bucket is.
+
+A local cluster is started for the build when no address is given (and torn down
+after); `build.ray_address` (or RAY_ADDRESS, which Ray users set) joins a running
+one. Every node must reach the data folder at the same path: the scratch parts go
+beside the output (`<data>/transitions/.build-*`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import socket
+import sys
+from typing import Callable, TypeVar
+
+log = logging.getLogger("nightshift.transform")
+
+J = TypeVar("J")
+D = TypeVar("D")
+
+#: Retries of a bucket whose worker died (killed, out of memory, node lost): each
+#: attempt rewrites the bucket's parts whole, so a retry leaves what one attempt would.
+RETRIES = 3
+PIN = "ray==2.60.0"
+
+
+class EngineError(RuntimeError):
+    """Ray asked for and not installed, or its cluster not reachable (one sentence)."""
+
+
+def run(settings, work: Callable[[J, object], D], jobs: list[J], shared: object,
+        tick: Callable[[], None] = lambda: None) -> list[D]:
+    """`work(job, shared)` for every job, results in the jobs' order."""
+    if settings.engine != "ray":
+        out = []
+        for job in jobs:
+            out.append(work(job, shared))
+            tick()
+        return out
+    return _on_ray(settings, work, jobs, shared, tick)
+
+
+def _reachable(address: str) -> str:
+    """'' when something listens at a host:port address, else why not: Ray itself
+    retries an unreachable address for minutes before it says so."""
+    if address in ("auto", "local"):
+        return ""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return f"it is not host:port, ray://host:port or auto (got {address!r})"
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            return ""
+    except OSError as e:
+        return f"nothing answers at {host}:{port} ({e.strerror or e})"
+
+
+def _init(settings) -> bool:
+    """Connect to (or start) the cluster; True when this build started it."""
+    try:
+        import ray
+    except ImportError:
+        raise EngineError(f"build.engine is ray, but Ray is not installed in this Python ({sys.executable}): "
+                          f"pip install 'nightshift[distributed]' (or {PIN})") from None
+    if ray.is_initialized():  # a caller's own ray.init (a notebook, a test): use it as it is
+        return False
+    address = settings.ray_address or os.environ.get("RAY_ADDRESS", "")
+    if address:
+        why = _reachable(address)
+        if why:
+            raise EngineError(f"cannot reach the Ray cluster at {address}: {why}")
+        kwargs = {}
+    else:  # a local cluster for this build: no dashboard, a small object store (parts go through files)
+        kwargs = {"num_cpus": settings.workers or os.cpu_count() or 1, "include_dashboard": False,
+                  "object_store_memory": 128 << 20}
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of this machine for one build: no sign-in
+    try:
+        ray.init(address=address or None, logging_level=logging.WARNING, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise EngineError(f"cannot start or join the Ray cluster{' at ' + address if address else ''}: {e}") from None
+    return True
+
+
+def _remote(work, job, shared):
+    """A bucket in a Ray worker, with the worker's peak memory for the summary."""
+    done = work(job, shared)
+    done.worker = (f"{socket.gethostname()}:{os.getpid()}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return done
+
+
+def _on_ray(settings, work, jobs, shared, tick):
+    import ray
+
+    started = _init(settings)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=RETRIES)(_remote)
+        shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
+        refs = {task.remote(work, job, shared_ref): i for i, job in enumerate(jobs)}
+        out: list = [None] * len(jobs)
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                out[refs[ready[0]]] = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as e:  # the bucket's own error, as the local engine raises it
+                raise e.as_instanceof_cause() from None
+            except ray.exceptions.RayError as e:  # its worker died more often than it was retried
+                raise EngineError(f"bucket {refs[ready[0]] + 1} of {len(jobs)} failed on Ray after {RETRIES} "
+                                  f"retries ({type(e).__name__}); nothing was written: {str(e).splitlines()[0]}") from None
+            tick()
+        return out
+    finally:
+        if started:
+            ray.shutdown()
