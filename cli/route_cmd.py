@@ -29,6 +29,12 @@ before the 200:
   GET    /nightshift/routes
   PUT    /nightshift/routes/<stable name>  {"serving": "agent@v0003", "candidate": "agent@v0004", "share": 0.1}
   DELETE /nightshift/routes/<stable name>
+  PUT    /nightshift/routes/prompt:<id>  {"kind": "prompt", "candidate": <id>, "system": <its text>, "share": 0.1}
+A prompt route puts a candidate system prompt (its text checked against its id)
+in a sticky share of the conversations whose system prompt has that id (the
+agent's prompt, per-request data folded): only the leading system messages (or
+the Responses API's instructions) change, and the answers' model is marked
++p:<version> so the build knows which prompt the model saw.
 plus GET /healthz and GET /metrics (Prometheus). SIGTERM lets answers in flight
 finish (--drain-timeout), then exits 0."""
 
@@ -37,7 +43,8 @@ EPILOG = """Examples:
   nightshift route set agent --serving agent@v0003 --candidate agent@v0004 --share 0.1
   nightshift route set agent --serving agent@v0004          # promote: all traffic to one version
   nightshift route show
-  nightshift route delete agent"""
+  nightshift route delete agent
+  nightshift route prompt --from store/support-agent/v0003 --share 0.1   # a prompt candidate on 10 %"""
 
 ROUTE_SETTINGS = ("the `route:` section", "NIGHTSHIFT_ROUTE_*")
 
@@ -80,9 +87,28 @@ def add_route(sub, common=None) -> None:
                         description="Remove the route of a stable name on a running proxy: requests for that name "
                         "pass through untouched again.", epilog=control,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("name", help="the stable name")
+    d.add_argument("name", help="the stable name (or prompt:<id> for a prompt route)")
     _control_flags(d)
     d.set_defaults(func=cmd_delete)
+
+    pr = acts.add_parser("prompt", help="put a prompt candidate on a share of one agent's conversations",
+                         description="Route a prompt candidate: requests whose system prompt is the candidate's "
+                         "parent (matched by its id, per-request data folded) get the candidate's text in its place "
+                         "for --share of the conversations, sticky per conversation; their answers' model is marked "
+                         "+p:<version>. --from reads a stored candidate's folder (<apo.store>/<agent>/vNNNN); or give "
+                         "--match, --candidate and --text-file. Share 0 keeps the route but rewrites nothing; "
+                         "`delete prompt:<match>` removes it.",
+                         epilog=control, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr.add_argument("--from", dest="source", metavar="DIR", help="a stored candidate's folder (its manifest.json)")
+    pr.add_argument("--match", metavar="ID", help="the system id of the agent's prompt (nightshift prompts' "
+                                                  "system_hash)")
+    pr.add_argument("--candidate", metavar="ID", help="the candidate's system id")
+    pr.add_argument("--text-file", metavar="FILE", help="the candidate's text (checked against --candidate)")
+    pr.add_argument("--share", type=float, required=True, help="the candidate's share of conversations, in [0, 1]")
+    pr.add_argument("--agent", default=None, help="the agent's name, for logs")
+    pr.add_argument("--model", default=None, help="the model the agent asks for (how a changed prompt is noticed)")
+    _control_flags(pr)
+    pr.set_defaults(func=cmd_prompt)
 
 
 def _control_flags(p: argparse.ArgumentParser) -> None:
@@ -131,6 +157,9 @@ def _client(args: argparse.Namespace):
 
 
 def _line(r: dict) -> str:
+    if r.get("kind") == "prompt":
+        who = f" (agent {r['agent']})" if r.get("agent") else ""
+        return f"{r['name']}{who}: candidate {r['candidate']} at {100 * r['share']:g} % of the conversations"
     if not r.get("candidate"):
         return f"{r['name']}: all to {r['serving']}"
     return f"{r['name']}: {r['serving']}, candidate {r['candidate']} at {100 * r['share']:g} %"
@@ -164,6 +193,40 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_set(args: argparse.Namespace) -> int:
     return _control(args, lambda c: [_line(c.set(args.name, args.serving, args.candidate, args.share))])
+
+
+def _prompt_route(args: argparse.Namespace) -> dict:
+    """The PUT's fields, from a candidate's manifest or the flags (SettingsError: one sentence)."""
+    import json
+    from pathlib import Path
+
+    got = {"agent": args.agent, "model": args.model, "match": args.match, "candidate": args.candidate, "system": None}
+    if args.source:
+        folder = Path(args.source)
+        try:
+            man = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+            got = {"agent": args.agent or folder.resolve().parent.name, "model": args.model or man.get("model") or "",
+                   "match": man["parent"]["system_hash"], "candidate": man["candidate"]["system_hash"],
+                   "system": man["candidate"]["system"]}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SettingsError(f"--from {folder}: not a stored prompt candidate ({type(e).__name__}: {e})") from None
+    elif args.text_file:
+        try:
+            got["system"] = Path(args.text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SettingsError(f"--text-file {args.text_file}: cannot be read ({e})") from None
+    if not (got["match"] and got["candidate"] and got["system"]):
+        raise SettingsError("give --from a candidate's folder, or --match, --candidate and --text-file")
+    return got
+
+
+def cmd_prompt(args: argparse.Namespace) -> int:
+    def put(client):
+        got = _prompt_route(args)
+        return [_line(client.set_prompt(got["match"], got["candidate"], got["system"], args.share,
+                                        agent=got["agent"] or "", model=got["model"] or ""))]
+
+    return _control(args, put)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -10,6 +10,11 @@ import urllib.parse
 import urllib.request
 
 
+def prompt_name(match: str) -> str:
+    """The route name of the prompt route matching the system id `match`."""
+    return "prompt:" + match
+
+
 class RouteError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -40,7 +45,7 @@ class RouteClient:
 
     @staticmethod
     def _path(name: str) -> str:
-        return "/nightshift/routes/" + urllib.parse.quote(name, safe="@")
+        return "/nightshift/routes/" + urllib.parse.quote(name, safe="@:")
 
     def routes(self) -> dict:
         """{"routes": [{"name", "serving", "candidate", "share", "updated"}], "missing": {...}, "upstream": url}"""
@@ -61,6 +66,17 @@ class RouteClient:
         """The route as stored (persisted before the proxy answered)."""
         body = {"serving": serving, "candidate": candidate, "share": share}
         return self._call("PUT", self._path(name), body)["route"]
+
+    def set_prompt(self, match: str, candidate: str, system: str | list[str], share: float, *, agent: str = "",
+                   model: str = "", match_system: list[str] | None = None) -> dict:
+        """Put a prompt candidate on a share of the conversations whose system prompt is
+        `match` (its system id); the route as stored. `system` is the candidate's text,
+        checked by the proxy against `candidate` (its system id)."""
+        body = {"kind": "prompt", "candidate": candidate, "system": system, "share": share, "agent": agent,
+                "model": model}
+        if match_system is not None:
+            body["match_system"] = match_system
+        return self._call("PUT", self._path(prompt_name(match)), body)["route"]
 
     def delete(self, name: str) -> dict | None:
         """The route deleted, or None when there was none."""

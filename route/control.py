@@ -2,10 +2,22 @@
 curl) calls to move traffic. Each change is checked, written to the state file
 and fsync'd, then logged, and only then answered 200.
 
-    GET    /nightshift/routes          {"routes": [...], "missing": {version: seconds left}, "upstream": url}
+    GET    /nightshift/routes          {"routes": [...], "missing": {version: seconds left}, "upstream": url,
+                                        "prompts": {"prompt:<match>": {"matched", "rewritten", "skipped", "changed"}}}
     GET    /nightshift/routes/<name>   {"route": {...}}                       404 when absent
     PUT    /nightshift/routes/<name>   {"serving", "candidate", "share"}  ->  {"route": {...}, "previous": {...}|null}
     DELETE /nightshift/routes/<name>   {"deleted": {...}}                     404 when absent
+
+A prompt route is named `prompt:<match>`, the 12-hex system id of the agent's prompt
+(`nightshift prompts`' system_hash), and PUT with {"kind": "prompt", "candidate":
+<the candidate's system id>, "system": <its text, or list of texts>, "share": 0.1,
+"agent": <a name for logs>, "model": <the model the agent asks for: how a changed
+prompt is noticed>, "match_system": <the agent's prompt as a template, needed when
+it has alignment slots {{var}}>}; the text is checked against its id. Its route
+reads back as {"name", "kind": "prompt", "match", "agent", "model",
+"match_system", "candidate", "system", "share", "updated"}; "matched"/"rewritten"
+count requests since the proxy started, "changed" is a prompt id the agent's
+model was asked with after the route matched (the agent changed its prompt).
 
 Guarded by `Authorization: Bearer <admin_token>` when one is set (401 otherwise),
 and open only to requests addressed to this proxy by a name it answers to (403
@@ -25,11 +37,13 @@ import hmac
 import ipaddress
 import json
 import logging
+from dataclasses import asdict
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from .metrics import Metrics
+from .prompt import Seen
 from .proxy import Proxy, error
 from .table import TableError, parse
 
@@ -112,14 +126,19 @@ class Control:
             if request.method != "GET":
                 return error(405, "MethodNotAllowed", f"{request.method} {path}: use GET (or PUT/DELETE on "
                              f"{PREFIX}/<stable name>)")
+            seen = self.proxy.prompts.seen
             return _json({"routes": self.table.public(), "missing": self.proxy.missing_now(),
-                          "upstream": self.proxy.base})
+                          "upstream": self.proxy.base,
+                          "prompts": {f"prompt:{m}": asdict(seen.get(m) or Seen()) for m in sorted(self.table.prompts)}})
         if not path.startswith(PREFIX + "/"):
             return error(404, "NotFound", f"no such control path {path} (known: {PREFIX}, {PREFIX}/<stable name>)")
         name = path[len(PREFIX) + 1:]
         if request.method == "GET":
-            r = self.table.get(name)
-            return _json({"route": r.public(name)}) if r else error(404, "NotFound", f"no route for {name!r}")
+            r = self.table.entry(name)
+            if r is None:
+                return error(404, "NotFound", f"no route for {name!r}")
+            extra = {"seen": asdict(self.proxy.prompts.seen.get(r.serving) or Seen())} if r.kind == "prompt" else {}
+            return _json({"route": r.public(name), **extra})
         if request.method == "PUT":
             return await self._put(request, name)
         if request.method == "DELETE":
@@ -155,7 +174,7 @@ class Control:
         return _json({"route": route.public(name), "previous": before.public(name) if before else None})
 
     async def _delete(self, name: str) -> web.Response:
-        if self.table.get(name) is None:
+        if self.table.entry(name) is None:
             return error(404, "NotFound", f"no route for {name!r}")
         return await asyncio.shield(asyncio.ensure_future(self._remove(name)))
 

@@ -39,6 +39,16 @@ class Metrics:
         self.inflight = Gauge("nightshift_route_requests_in_flight", "Requests being proxied.", registry=r)
         self.share = Gauge("nightshift_route_candidate_share", "The candidate's share of conversations, by route and "
                            "candidate (0 once a route has none).", ["route", "candidate"], registry=r)
+        self.prompt_decisions = Counter("nightshift_route_prompt_decisions", "Requests a prompt route matched (their "
+                                        "system prompt hashed to its id), by route (prompt:<id>), arm (candidate: the "
+                                        "candidate's text put in; serving: the agent's own prompt) and sticky key.",
+                                        ["route", "arm", "key"], registry=r)
+        self.prompt_skipped = Counter("nightshift_route_prompt_skipped", "Requests on a prompt route's candidate arm "
+                                      "passed through unchanged because their prompt could not be replaced without "
+                                      "guessing, by route and reason.", ["route", "reason"], registry=r)
+        self.prompt_unmarked = Counter("nightshift_route_prompt_unmarked", "Successful answers to a rewritten request "
+                                       "whose `model` could not be marked with the prompt version (no `model` in the "
+                                       "answer): their calls are attributed to the agent's own prompt.", registry=r)
         self.missing = Gauge("nightshift_route_missing_versions", "Versions the upstream said it does not have, "
                              "skipped for missing_ttl.", registry=r)
 

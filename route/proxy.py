@@ -33,15 +33,18 @@ from multidict import CIMultiDict
 from .choose import choose, sticky_key
 from .config import RouteConfig
 from .headers import HeaderError, to_client, to_upstream
+from .mark import StreamMarker, mark_body, tag
 from .metrics import Metrics
 from .paths import Target, judge
-from .rewrite import RewriteError, read, with_model
+from .prompt import Ambiguous, Match, PromptRouter
+from .rewrite import Body, RewriteError, edited, read
 from .table import RouteTable
 from .upstream import Exchange, Pool, UpstreamError, tls_context
 
 log = logging.getLogger("nightshift.route")
 
 ROUTE_HEADER = "X-Nightshift-Route"
+PROMPT_HEADER = "X-Nightshift-Route-Prompt"  # the prompt version the model saw, when the route put a candidate in
 FALLBACK_HEADER = "X-Nightshift-Route-Fallback"
 HIGH_WATER = 1 << 20  # bytes waiting for a slow client before the upstream is paused
 
@@ -89,6 +92,7 @@ class Proxy:
         self.pool = Pool(u.hostname or "127.0.0.1", u.port or (443 if tls else 80), cfg.connect_timeout,
                          cfg.read_timeout, tls)
         self.missing: dict[str, float] = {}  # versioned name -> monotonic time it may be tried again
+        self.prompts = PromptRouter()
 
     async def close(self) -> None:
         await self.pool.close()
@@ -156,13 +160,18 @@ class Proxy:
             return self._refuse(400, "BadRequestError", "the JSON body nests too deeply to be read")
         model = parsed.obj.get("model") if parsed is not None else None
         route = self.table.get(model) if isinstance(model, str) else None
-        if route is None:
+        prompt = self.prompts.find(parsed, self.table.prompts) if parsed is not None and self.table.prompts else None
+        if route is None and prompt is None:
             return await self._send(request, head, t0, body, None, "-", ["-"], [])
-        try:
-            span = parsed.model_span()
-        except RewriteError as e:
-            return self._refuse(400, "BadRequestError", str(e))
+        if route is not None:
+            try:
+                span = parsed.model_span()
+            except RewriteError as e:
+                return self._refuse(400, "BadRequestError", str(e))
         kind, key = sticky_key(request.headers, parsed.obj)
+        edits, mark = self._prompt(prompt, parsed, kind, key) if prompt is not None else ([], None)
+        if route is None:
+            return await self._send(request, head, t0, body, None, "-", ["-"], [], edits, mark)
         chosen, arm, x = choose(route, key)
         targets = [chosen] + ([route.serving] if chosen == route.candidate else [])
         targets += [] if model in targets else [model]
@@ -175,17 +184,40 @@ class Proxy:
             where = "" if x < 0 else f", point {x:.3f} {'<' if arm == 'candidate' else '>='} share {route.share:g}"
             gone = f"; {', '.join(skipped)} missing on the upstream" if skipped else ""
             log.info("route %s -> %s (%s; %s key %s%s)%s", model, targets[0], arm, kind, key[:12], where, gone)
-        return await self._send(request, head, t0, body, span, model, targets, skipped)
+        return await self._send(request, head, t0, body, span, model, targets, skipped, edits, mark)
+
+    def _prompt(self, m: Match, parsed: Body, kind: str, key: str) -> tuple[list[tuple[int, int, bytes]], bytes | None]:
+        """The edits that put a prompt route's candidate in this request, and the mark
+        its answer gets; none when the conversation stays on the agent's own prompt or
+        the prompt cannot be replaced without guessing."""
+        r = m.route
+        _, arm, x = choose(r, key)
+        self.metrics.prompt_decisions.labels(m.name, arm, kind).inc()
+        if arm == "candidate":
+            try:
+                edits = self.prompts.edits(m, parsed)
+            except Ambiguous as e:
+                self.metrics.prompt_skipped.labels(m.name, str(e)).inc()
+                self.prompts.skip(m, str(e))
+                return [], None
+            vid = self.prompts.version(r, parsed)
+            self.prompts.seen[r.serving].rewritten += 1
+        if self.cfg.log_decisions:
+            log.info("prompt route %s%s -> %s (%s; %s key %s, point %.3f %s share %g)", m.name,
+                     f" (agent {r.agent})" if r.agent else "", vid if arm == "candidate" else "the agent's own prompt",
+                     arm, kind, key[:12], x, "<" if arm == "candidate" else ">=", r.share)
+        return (edits, tag(vid)) if arm == "candidate" else ([], None)
 
     async def _send(self, request: web.BaseRequest, head: bytes, t0: float, body: bytes,
                     span: tuple[int, int] | None, name: str, targets: list[str],
-                    skipped: list[str]) -> web.StreamResponse:
+                    skipped: list[str], edits: list | None = None, mark: bytes | None = None) -> web.StreamResponse:
         """To the first target; after a "does not exist" 404 with targets left, to the next."""
         waited, ex = 0.0, None
         try:
             while True:
                 version = targets[0]
-                data = body if span is None else with_model(body, span, version)
+                changes = list(edits or []) + ([(*span, json.dumps(version).encode())] if span is not None else [])
+                data = edited(body, changes) if changes else body
                 length = b"Content-Length: %d\r\n" % len(data) if data or request.method not in ("GET", "HEAD") else b""
                 t = time.perf_counter()
                 try:
@@ -201,7 +233,7 @@ class Proxy:
                     break
                 answer = b"".join(ex.body)
                 if not _is_missing(status, answer):
-                    return self._buffered(ex, answer, t0, waited, name, version, skipped)
+                    return self._buffered(ex, answer, t0, waited, name, version, skipped, mark)
                 self.missing[version] = time.monotonic() + self.cfg.missing_ttl
                 self.metrics.missing.set(len(self.missing))
                 skipped.append(targets.pop(0))
@@ -209,14 +241,17 @@ class Proxy:
                 log.warning("route %s: the upstream %s does not have %s (404 \"does not exist\"); sent to %s "
                             "instead, and so for the next %g s", name, self.base, version, targets[0],
                             self.cfg.missing_ttl)
-            if not self._whole(ex):
-                return await self._stream(request, ex, t0, waited, name, version, skipped)
+            if mark is not None and not 200 <= ex.status < 300:
+                mark = None  # an error's body is the upstream's, as it came
+            if not self._whole(ex) and (mark is None or self._sse(ex)):
+                return await self._stream(request, ex, t0, waited, name, version, skipped, mark)
             t = time.perf_counter()
             try:
                 await ex.done
             except UpstreamError as e:
                 return self._failed(name, version, e)
-            return self._buffered(ex, b"".join(ex.body), t0, waited + time.perf_counter() - t, name, version, skipped)
+            return self._buffered(ex, b"".join(ex.body), t0, waited + time.perf_counter() - t, name, version, skipped,
+                                  mark)
         finally:
             if ex is not None:  # still in flight only when the client went away (a cancelled await
                 self.pool.drop(ex)  # cancels ex.done too): the upstream stops generating for nobody
@@ -234,12 +269,20 @@ class Proxy:
             sse = sse or (k == b"content-type" and v.lstrip().lower().startswith(b"text/event-stream"))
         return length and not sse
 
-    def _headers(self, ex: Exchange, name: str, version: str, skipped: list[str]) -> CIMultiDict:
+    @staticmethod
+    def _sse(ex: Exchange) -> bool:
+        return any(k.lower() == b"content-type" and v.lstrip().lower().startswith(b"text/event-stream")
+                   for k, v in ex.headers)
+
+    def _headers(self, ex: Exchange, name: str, version: str, skipped: list[str],
+                 mark: bytes | None = None) -> CIMultiDict:
         out = to_client(ex.headers)
         if name != "-":
             out[ROUTE_HEADER] = version
             if skipped:
                 out[FALLBACK_HEADER] = ", ".join(skipped)
+        if mark is not None:
+            out[PROMPT_HEADER] = mark[3:].decode()
         return out
 
     def _done(self, name: str, version: str, status: int, t0: float, waited: float) -> None:
@@ -257,14 +300,19 @@ class Proxy:
         return error(status, "BadGateway" if status == 502 else "GatewayTimeout", f"nightshift route: {message}")
 
     def _buffered(self, ex: Exchange, answer: bytes, t0: float, waited: float, name: str, version: str,
-                  skipped) -> web.Response:
-        resp = web.Response(status=ex.status, headers=self._headers(ex, name, version, skipped), body=answer)
+                  skipped, mark: bytes | None = None) -> web.Response:
+        if mark is not None:
+            marked = mark_body(answer, mark)
+            if marked is None:
+                self.metrics.prompt_unmarked.inc()
+            answer = marked or answer
+        resp = web.Response(status=ex.status, headers=self._headers(ex, name, version, skipped, mark), body=answer)
         self._done(name, version, ex.status, t0, waited)
         return resp
 
     async def _stream(self, request, ex: Exchange, t0: float, waited: float, name: str, version: str,
-                      skipped) -> web.StreamResponse:
-        resp = web.StreamResponse(status=ex.status, headers=self._headers(ex, name, version, skipped))
+                      skipped, mark: bytes | None = None) -> web.StreamResponse:
+        resp = web.StreamResponse(status=ex.status, headers=self._headers(ex, name, version, skipped, mark))
         resp.enable_chunked_encoding()
         try:
             await resp.prepare(request)
@@ -276,8 +324,12 @@ class Proxy:
         if out is None:
             return self._client_gone(resp, name, version)
 
+        marker = StreamMarker(mark) if mark is not None else None
+
         def write(piece: bytes) -> None:  # called from the upstream socket's callback, per piece as it arrives
             if out.is_closing():
+                return
+            if marker is not None and not (piece := marker.feed(piece)):
                 return
             out.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             if out.get_write_buffer_size() > HIGH_WATER and not ex.conn.paused:
@@ -296,6 +348,11 @@ class Proxy:
             raise
         if out.is_closing():
             return self._client_gone(resp, name, version)
+        if marker is not None:
+            if rest := marker.flush():
+                out.write(b"%x\r\n%s\r\n" % (len(rest), rest))
+            if not marker.marked:
+                self.metrics.prompt_unmarked.inc()
         try:
             await resp.write_eof()
         except ConnectionError:

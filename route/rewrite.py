@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.decoder import scanstring
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -30,7 +30,7 @@ def _big_int(text: str) -> int | str:
     return int(text) if len(text) < 4300 else text
 
 
-_DECODER = json.JSONDecoder(parse_int=_big_int)
+DECODER = json.JSONDecoder(parse_int=_big_int)
 
 
 @dataclass
@@ -42,6 +42,14 @@ class Body:
     text: str
     ascii: bool  # one byte per character: text offsets are byte offsets
     models: list[tuple[int, int, bool]]  # (start, end) in `text` and whether it is a string
+    spans: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # WATCHED keys' values in `text`
+
+    def byte_span(self, start: int, end: int) -> tuple[int, int]:
+        """A span of `text` as a span of the body's bytes."""
+        if self.ascii:
+            return start, end
+        first = len(self.text[:start].encode())
+        return first, first + len(self.text[start:end].encode())
 
     def model_span(self) -> tuple[int, int]:
         """The byte span of the one top-level `model`'s string value, quotes included."""
@@ -50,10 +58,13 @@ class Body:
         start, end, is_string = self.models[0]
         if not is_string:
             raise RewriteError("the body's top-level `model` is not a string")
-        if self.ascii:
-            return start, end
-        first = len(self.text[:start].encode())
-        return first, first + len(self.text[start:end].encode())
+        return self.byte_span(start, end)
+
+
+#: Top-level keys whose value's place is kept besides `model`'s: where a prompt route
+#: finds the system prompt (chat's `messages`, the Responses API's `instructions` and
+#: `input`) and the tools that name its version.
+WATCHED = frozenset(("messages", "instructions", "input", "tools"))
 
 
 def read(body: bytes) -> Body | None:
@@ -67,9 +78,10 @@ def read(body: bytes) -> Body | None:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    ws, scan = _WS.match, _DECODER.scan_once
+    ws, scan = _WS.match, DECODER.scan_once
     obj: dict = {}
     models: list[tuple[int, int, bool]] = []
+    spans: dict[str, list[tuple[int, int]]] = {}
     try:
         i = ws(text, 0).end()
         if text[i:i + 1] != "{":
@@ -89,6 +101,8 @@ def read(body: bytes) -> Body | None:
                 value, i = scan(text, start)
                 if key == "model":
                     models.append((start, i, isinstance(value, str)))
+                elif key in WATCHED:
+                    spans.setdefault(key, []).append((start, i))
                 obj[key] = value
                 i = ws(text, i).end()
                 c, i = text[i:i + 1], i + 1
@@ -101,10 +115,20 @@ def read(body: bytes) -> Body | None:
             return None
     except (ValueError, StopIteration):  # JSONDecodeError, or the scanner's "no value here"
         return None
-    return Body(obj, text, len(text) == len(body), models)
+    return Body(obj, text, len(text) == len(body), models, spans)
 
 
 def with_model(body: bytes, span: tuple[int, int], model: str) -> bytes:
     """`body` with the value at `span` replaced by `model`, as a JSON string."""
     start, end = span
     return b"".join((body[:start], json.dumps(model).encode(), body[end:]))
+
+
+def edited(body: bytes, edits: list[tuple[int, int, bytes]]) -> bytes:
+    """`body` with each (start, end) byte span replaced by its bytes; the spans do not overlap."""
+    parts, last = [], 0
+    for start, end, data in sorted(edits):
+        parts += [body[last:start], data]
+        last = end
+    parts.append(body[last:])
+    return b"".join(parts)

@@ -1,0 +1,74 @@
+"""The candidate's answers say which prompt the model saw: `+p:<version id>` appended
+to the `model` the upstream answered with (`support-agent@v0004+p:ab12cd34ef56`,
+`gpt-4o-mini-2024-07-18+p:ab12cd34ef56`).
+
+Why the answer and not a span of the route's own: the agent's instrumentation
+records the response's `model` on the very span the build turns into a
+transition (openai-v2 and OpenLLMetry as `gen_ai.response.model`, OpenInference
+as `llm.model_name`), the way adapter versions are attributed (`name@vNNNN`), so
+the attribution needs no `traceparent`, no exporter in the proxy and no join that
+could miss. The build strips the mark back off (transform/attribution.py).
+
+The cost is a scan of each streamed piece of a candidate's answer for its data
+lines' first `"model":"..."` (only the candidate's: the agent's own prompt needs
+no mark, its spans already say what the model saw). An unescaped `"model"` followed
+by a colon can only be a key in valid JSON, so the scan needs no parser; lines are
+held back until their newline, so a piece cut inside one is marked whole.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .rewrite import read
+
+MARK = "+p:"
+_DATA_MODEL = re.compile(rb'^(data:[ \t]*[^\n]*?"model"[ \t]*:[ \t]*"(?:[^"\\\n]|\\.)*)"', re.M)
+HOLD = 1 << 20  # a line longer than this without its newline goes out unmarked rather than held
+
+
+def tag(version: str) -> bytes:
+    return (MARK + version).encode()
+
+
+def mark_body(answer: bytes, mark: bytes) -> bytes | None:
+    """A JSON answer with `mark` appended to its top-level `model`, or None when it
+    has no one string `model` to mark (not JSON, an error without one)."""
+    try:
+        body = read(answer)
+    except RecursionError:
+        return None
+    if body is None or len(body.models) != 1 or not body.models[0][2]:
+        return None
+    _, end = body.model_span()
+    return b"".join((answer[:end - 1], mark, answer[end - 1:]))
+
+
+class StreamMarker:
+    """Marks an event stream piece by piece: `feed` returns what may go out now,
+    `flush` the rest at the end. `marked` counts the events marked."""
+
+    def __init__(self, mark: bytes) -> None:
+        self.repl = rb"\1" + mark + b'"'
+        self.rest = b""
+        self.marked = 0
+
+    def feed(self, piece: bytes) -> bytes:
+        data = self.rest + piece if self.rest else piece
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            self.rest = b"" if len(data) > HOLD else data
+            return data if len(data) > HOLD else b""
+        self.rest = data[cut:]
+        return self._mark(data[:cut] if self.rest else data)
+
+    def flush(self) -> bytes:
+        rest, self.rest = self.rest, b""
+        return self._mark(rest)
+
+    def _mark(self, block: bytes) -> bytes:
+        if b'"model"' not in block:
+            return block
+        out, n = _DATA_MODEL.subn(self.repl, block)
+        self.marked += n
+        return out
