@@ -9,7 +9,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0  # the tested build; a looser spec can pull a CUDA build of several GB
-	$(PY) -m pip install --quiet -e '.[train,test]'
+	$(PY) -m pip install --quiet -e '.[train,test,distributed]'  # distributed: the build's Ray tests
 	touch $@
 
 demo: $(VENV)/.installed  ## the closed loop on a laptop: agent -> spans -> nightly (build, train, gate, publish) -> a better agent

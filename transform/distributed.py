@@ -70,20 +70,32 @@ def _reachable(address: str) -> str:
         return f"nothing answers at {host}:{port} ({e.strerror or e})"
 
 
-def _init(settings) -> bool:
-    """Connect to (or start) the cluster; True when this build started it."""
+def check(settings) -> None:
+    """Before a build reads anything: Ray installed, its cluster reachable (one
+    sentence, EngineError, when not)."""
+    if settings.engine != "ray":
+        return
     try:
         import ray
     except ImportError:
         raise EngineError(f"build.engine is ray, but Ray is not installed in this Python ({sys.executable}): "
                           f"pip install 'nightshift[distributed]' (or {PIN})") from None
+    address = settings.ray_address or os.environ.get("RAY_ADDRESS", "")
+    if address and not ray.is_initialized():
+        why = _reachable(address)
+        if why:
+            raise EngineError(f"cannot reach the Ray cluster at {address}: {why}")
+
+
+def _init(settings) -> bool:
+    """Connect to (or start) the cluster; True when this build started it."""
+    check(settings)
+    import ray
+
     if ray.is_initialized():  # a caller's own ray.init (a notebook, a test): use it as it is
         return False
     address = settings.ray_address or os.environ.get("RAY_ADDRESS", "")
     if address:
-        why = _reachable(address)
-        if why:
-            raise EngineError(f"cannot reach the Ray cluster at {address}: {why}")
         kwargs = {}
     else:  # a local cluster for this build: no dashboard, a small object store (parts go through files)
         kwargs = {"num_cpus": settings.workers or os.cpu_count() or 1, "include_dashboard": False,
@@ -104,10 +116,14 @@ def _remote(work, job, shared):
 
 
 def _on_ray(settings, work, jobs, shared, tick):
+    started = _init(settings)
     import ray
 
-    started = _init(settings)
     try:
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if len(jobs) < cpus:
+            log.warning("%d bucket(s) of traces for %d Ray CPUs: set build.buckets (e.g. %d) to use them all",
+                        len(jobs), cpus, 2 * cpus)
         task = ray.remote(num_cpus=1, max_retries=RETRIES)(_remote)
         shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
         refs = {task.remote(work, job, shared_ref): i for i, job in enumerate(jobs)}

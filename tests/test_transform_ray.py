@@ -1,0 +1,134 @@
+"""Item 3 of issue 28: `nightshift build` runs its buckets as tasks on Ray, and makes
+the rows the single-process build makes, row for row and column for column, full and
+incremental, on a local cluster of 2 workers; a worker killed half way through a
+bucket is retried by Ray and the output is still the same, nothing half-written.
+
+One local cluster for the module (2 CPUs, no dashboard): Ray's start-up is most of
+this file's time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+import ray
+
+from nightshift.transform import build as B
+from test_incremental import SETTLE, History, cfg_for
+from traces import T0, Trace, genai_call, write_spans
+
+S = 10**9
+TESTS = str(Path(__file__).resolve().parent)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    marker = tmp_path_factory.mktemp("kill") / "killed"
+    env = {"PYTHONPATH": os.pathsep.join([TESTS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+           "NIGHTSHIFT_TEST_KILL_ONCE": str(marker), "RAY_AUTH_MODE": "disabled"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the workers inherit them: the tests' modules, the kill switch
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 << 20, logging_level="WARNING")
+    try:
+        yield marker
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def partitions(data) -> dict[str, pl.DataFrame]:
+    """Each date partition's rows in the file's own order."""
+    base = Path(data) / "transitions"
+    if not base.is_dir():
+        return {}
+    return {p.name: pl.read_parquet(p / "part-0.parquet") for p in sorted(base.glob("date=*"))}
+
+
+def mirror(data: Path, to: Path) -> Path:
+    """Another data folder reading the same spans, logs and feedback (symlinks)."""
+    to.mkdir(parents=True)
+    for name in ("spans", "logs", "feedback"):
+        (data / name).mkdir(parents=True, exist_ok=True)
+        (to / name).symlink_to(data / name, target_is_directory=True)
+    return to
+
+
+def lines(summary, data) -> list[str]:
+    """The summary, less its time and the workers' memory, the data folder's name as DATA."""
+    return [x.replace(str(data), "DATA") for x in summary.lines() if not x.startswith(("transitions:", "ray:"))] + [
+        f"{summary.transitions} {summary.trajectories} {summary.spans} {summary.buckets}"]
+
+
+def same(local, on_ray) -> None:
+    a, b = partitions(local), partitions(on_ray)
+    assert list(a) == list(b)
+    for day in a:
+        assert a[day].columns == b[day].columns
+        assert a[day].equals(b[day]), day  # row for row, in the same order
+    leftovers = [p.name for p in (Path(on_ray) / "transitions").iterdir() if not p.name.startswith("date=")]
+    assert not leftovers  # no scratch, no half-written partition
+
+
+def cfg(data, engine: str, **kw):
+    c = cfg_for(data, **kw)
+    c.build.engine, c.build.buckets = engine, 3  # three buckets each: rows in a partition follow the buckets
+    return c
+
+
+def test_ray_builds_the_rows_one_process_builds_full_and_incremental(tmp_path, cluster):
+    """A generated history (test_incremental's): trajectories arriving, late spans,
+    feedback, the clock moving; after each step both folders build incrementally
+    (the first build is a full one: no state yet), one in this process, one on Ray."""
+    h = History(7, tmp_path / "h")
+    for _ in range(3):
+        h.arrive()
+    on_ray = mirror(h.data, tmp_path / "ray")
+    for step in range(3):
+        for _ in range(h.rng.randint(2, 4) if step else 0):
+            getattr(h, h.rng.choice(["arrive", "tick", "feedback"] + (["late"] if h.pending else [])))()
+        local = B.build(cfg(h.data, "local", incremental=True), now_ns=h.clock)
+        remote = B.build(cfg(on_ray, "ray", incremental=True), now_ns=h.clock)
+        assert remote.workers and not local.workers  # the buckets ran in Ray's worker processes
+        assert lines(local, h.data) == lines(remote, on_ray)
+        same(h.data, on_ray)
+        h.clock += int(SETTLE) * S
+    assert local.transitions and "rebuilding" in local.incremental  # the last one was incremental, and built rows
+
+
+def test_a_worker_killed_mid_bucket_is_retried_and_nothing_half_written(tmp_path, cluster):
+    """The reward function kills the worker building the first trajectory it sees, once:
+    Ray runs the bucket again on another worker, the driver commits after every
+    bucket is done, and the rows are those of a build in one process."""
+    data = tmp_path / "data"
+    traces = []
+    for i in range(24):
+        t = Trace(f"kill-{i}")
+        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+                      start=i, end=i + 30)
+        for k in range(2):
+            t.span("chat m", genai_call(f"task {i % 5}", f"answer {k}"), parent=root, start=i + 1 + k, end=i + 2 + k)
+        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
+                                             "agentlightning.reward.0.value": float(i % 2)},
+               parent=root, start=i + 25, end=i + 26)
+        traces.append(t)
+    write_spans(str(data), traces)
+    on_ray = mirror(data, tmp_path / "ray")
+    now = T0 + 3600 * S
+    c = cfg(on_ray, "ray")
+    c.reward.functions = ["ray_kill:reward"]
+    remote = B.build(c, now_ns=now)
+    assert cluster.exists(), "no worker was killed"
+    killed = int(cluster.read_text())
+    assert not any(w.endswith(f":{killed}") for w in remote.workers)  # the bucket was finished by another worker
+    c = cfg(data, "local")
+    c.reward.functions = ["ray_kill:reward"]  # the marker is there: it kills nobody now
+    local = B.build(c, now_ns=now)
+    assert local.transitions == 48 and lines(local, data) == lines(remote, on_ray)
+    same(data, on_ray)
