@@ -19,10 +19,10 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nightshift.schemas import transitions
+from nightshift.schemas import layout, transitions
 from nightshift.storage import fsync
 
-FILE = "part-0.parquet"
+FILE = layout.TRANSITIONS_FILE
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -48,7 +48,7 @@ def repair(fs: fsspec.AbstractFileSystem, root: str) -> None:
 def write_partition(fs: fsspec.AbstractFileSystem, root: str, date: str, tables: Iterable[pa.Table]) -> int:
     """Replace `<root>/date=<date>/` with the given tables (in order; none: the
     partition is removed). Returns the rows written."""
-    part = f"date={date}"
+    part = layout.partition(date)
     final = f"{root}/{part}"
     rows = 0
     if is_local(fs):

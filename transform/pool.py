@@ -18,13 +18,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nightshift.schemas import transitions
+from nightshift.schemas import layout, transitions
 
 from . import output
 
 #: `transition_id` (32 hex digits) as two integers: the same order, a quarter of the bytes.
 ID = ("_hi", "_lo")
-_READ = ["transition_id", "trajectory_id", "group_id", "return", "weight", "advantage"]
+_READ = list(layout.needs(layout.TRANSITIONS, "nightshift build"))
 _ROW_SCHEMA = transitions.SCHEMA.remove_metadata()
 
 
@@ -55,7 +55,7 @@ def with_advantages(df: pl.DataFrame, adv: pl.DataFrame) -> pa.Table:
 
 
 def _path(out_root: str, date: str) -> str:
-    return f"{out_root}/date={date}/{output.FILE}"
+    return f"{out_root}/{layout.partition(date)}/{output.FILE}"
 
 
 def read_kept(fs, out_root: str, date: str) -> pl.DataFrame:
@@ -63,7 +63,10 @@ def read_kept(fs, out_root: str, date: str) -> pl.DataFrame:
     path = _path(out_root, date)
     try:
         with fs.open(path, "rb") as fh:
-            t = pl.from_arrow(pq.read_table(fh, columns=_READ))
+            pf = pq.ParquetFile(fh)
+            # a partition of a newer version would be rewritten as this one's, its new columns lost: refused
+            layout.check(layout.shown(fs, path), pf.schema_arrow, layout.TRANSITIONS, "nightshift build")
+            t = pl.from_arrow(pf.read(columns=_READ))
     except (pa.ArrowException, OSError) as e:
         raise Unreadable(f"the transitions partition {path} cannot be read ({e}): delete it, and the next "
                          "incremental build rebuilds it") from None
