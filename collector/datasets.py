@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nightshift.schemas import DATASETS
+from nightshift.schemas import DATASETS, layout
 from nightshift.storage import fsync
 
 from .keyhash import row_hashes
@@ -94,7 +94,7 @@ KEEP_ALL_KEYS = frozenset({"feedback"})
 
 
 def part_name(batch_id: str) -> str:
-    return f"part-{batch_id}.parquet"
+    return layout.batch_file(batch_id)
 
 
 def _hashes(keys: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +219,7 @@ class PartitionedWriter:
 
     def _writer(self, date: str) -> pq.ParquetWriter:
         if date not in self._writers:
-            final = f"{self.store.root}/{self.dataset}/date={date}/{part_name(self.batch_id)}"
+            final = f"{layout.partition_folder(self.store.root, self.dataset, date)}/{part_name(self.batch_id)}"
             self.store.fs.makedirs(os.path.dirname(final), exist_ok=True)
             tmp = final if not self.store.local else f"{final}.tmp-{uuid.uuid4().hex[:8]}"
             f = self.store.fs.open(tmp, "wb")
@@ -304,10 +304,10 @@ class DatasetStore:
         idx.trim(None if dataset in KEEP_ALL_KEYS else self.window_s)
 
     def _load(self, dataset: str, date: str, exclude: set[str]) -> tuple[np.ndarray, np.ndarray]:
-        folder = f"{self.root}/{dataset}/date={date}"
+        folder = layout.partition_folder(self.root, dataset, date)
         skip = {part_name(b) for b in exclude}
         try:
-            files = [p for p in self.fs.ls(folder, detail=False) if p.endswith(".parquet")]
+            files = [p for p in self.fs.ls(folder, detail=False) if p.endswith(layout.SUFFIX)]
         except FileNotFoundError:
             files = []
         files = [p for p in files if os.path.basename(p) not in skip]

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightshift.schemas import feedback as feedback_schema
+from nightshift.schemas import layout
 
 from .datasets import DatasetStore, part_name
 from .feedback import DEFAULT_NAME, FIELDS, FieldError, normalize
@@ -199,7 +200,7 @@ def _stored(store: DatasetStore) -> tuple[set[str], set[str]]:
     labels are few, and a label reloaded on another day must still count once."""
     ids: set[str] = set()
     names: set[str] = set()
-    for p in store.fs.glob(f"{store.root}/{feedback_schema.NAME}/date=*/*.parquet"):
+    for p in store.fs.glob(f"{layout.partition_folder(store.root, feedback_schema.NAME, '*')}/*{layout.SUFFIX}"):
         names.add(os.path.basename(p))
         with store.fs.open(p, "rb") as f:
             ids.update(pq.read_table(f, columns=["feedback_id"]).column(0).to_pylist())

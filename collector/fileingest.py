@@ -29,6 +29,8 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogsData
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from tqdm import tqdm
 
+from nightshift.schemas.layout import LOGS, SPANS
+
 from . import otlp_json, validate
 from .convert import LogBuilder, SpanBuilder
 from .datasets import DatasetStore
@@ -148,7 +150,7 @@ def ingest(paths: list[str], store: DatasetStore, redactor: Redactor, progress: 
         with open(path, "rb") as fh:
             data = fh.read()
         batch = f"ingest-{hashlib.sha256(data).hexdigest()[:24]}-{uuid.uuid4().hex[:8]}"
-        spans_w, logs_w = store.writer("spans", batch), store.writer("logs", batch)
+        spans_w, logs_w = store.writer(SPANS, batch), store.writer(LOGS, batch)
         sb, lb = SpanBuilder(), LogBuilder()
         received = int(os.path.getmtime(path) * 1e9)
         try:

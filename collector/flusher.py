@@ -18,6 +18,7 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from nightshift.schemas import layout
 from nightshift.storage import fsync
 
 from . import failpoints, feedback, wal
@@ -53,13 +54,13 @@ def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTE
     writer has committed (the caller then deletes the segment); if any fails, all
     are aborted and the segment is redone whole."""
     batch_id = batch_of(path, instance)
-    writers = {name: store.writer(name, batch_id) for name in ("spans", "logs", "feedback")}
+    writers = {name: store.writer(name, batch_id) for name in (layout.SPANS, layout.LOGS, layout.FEEDBACK)}
     try:
         sb, lb, fb, size = SpanBuilder(), LogBuilder(), FeedbackBuilder(), 0
 
         def drain() -> None:
             nonlocal sb, lb, fb, size
-            for name, b in (("spans", sb), ("logs", lb), ("feedback", fb)):
+            for name, b in ((layout.SPANS, sb), (layout.LOGS, lb), (layout.FEEDBACK, fb)):
                 if len(b):
                     table = b.table()
                     writers[name].add(table, b.dates)
@@ -82,7 +83,7 @@ def flush_segment(path: Path, store: DatasetStore, chunk_bytes: int = CHUNK_BYTE
         for w in writers.values():
             w.abort()
         raise
-    s, lg, fd = done["spans"], done["logs"], done["feedback"]
+    s, lg, fd = done[layout.SPANS], done[layout.LOGS], done[layout.FEEDBACK]
     return SegmentResult(s.rows, lg.rows, fd.rows, s.duplicates + lg.duplicates + fd.duplicates,
                          len(s.files) + len(lg.files) + len(fd.files))
 
