@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from nightshift.schemas import layout
+from nightshift.schemas import layout, transitions
 from nightshift.schemas.common import attr
 from nightshift.schemas.prompt_identity import SYSTEM_ROLES
 
@@ -28,14 +28,19 @@ class NoTransitions(FileNotFoundError):
 
 
 READER = "nightshift prompts"
+_TRANSITIONS = dict(pl.from_arrow(transitions.SCHEMA.empty_table()).schema)
 
 
 def _scan(data: str, dataset: str, storage_options: dict | None) -> pl.LazyFrame:
     """Every file checked first (its version, the columns schemas/ declares this stage
     reads: a `layout.LayoutError` sentence, not a ColumnNotFoundError), then scanned."""
-    layout.check_dataset(data, dataset, READER, storage_options)
+    found = layout.check_dataset(data, dataset, READER, storage_options)
+    # the transitions' columns given: one a later version added is read from the files that have it even
+    # when the first file (the oldest date) lacks it (Polars takes the columns from the first file otherwise);
+    # none given to an empty dataset, which then says so as it did
+    schema = _TRANSITIONS if dataset == "transitions" and found else None
     return pl.scan_parquet(layout.files(data, dataset), hive_partitioning=True,
-                           storage_options=storage_options or None, missing_columns="insert")
+                           storage_options=storage_options or None, missing_columns="insert", schema=schema)
 
 
 def _empty(e: Exception) -> bool:
@@ -70,7 +75,7 @@ def calls(data: str, since: str = "", storage_options: dict | None = None, agent
         return lf.select(
             "transition_id", "trajectory_id", "trace_id", "span_id", "step", "agent", system_expr(),
             pl.col("tools"), (~pl.col("flags").fill_null([]).list.contains("content_missing")).alias("content"),
-            pl.coalesce("response_model", "model").alias("model"), "reward", "start_time",
+            pl.coalesce("response_model", "model").alias("model"), "reward", "start_time", "prompt_seen",
         ).collect()
     except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as e:
         if _empty(e):

@@ -13,6 +13,11 @@ adapters' table takes); unrated trajectories and NaN/infinite outcomes are left
 out of the mean and counted. Calls recorded without their messages (content
 capture off) have no prompt to hash: counted per agent, in no version.
 
+A call whose answer `nightshift route` marked (`prompt_seen`: it put a candidate in
+place of the agent's prompt) counts for the candidate's version, the prompt the
+model saw, not the one the agent's span recorded; which version the agent itself
+sends (`current`) still reads the recorded prompt.
+
 Two agents sending the same prompt get the same version id, each with its own
 figures, and each row says which other agents share it: a change matched on the
 id alone would change them all. `current` is the version of the agent's newest
@@ -148,11 +153,23 @@ def _stats(agent: str, version: PromptVersion, calls: pl.DataFrame, trajs: pl.Da
                        renderings=calls.select(pl.col("syskey").n_unique()).item())
 
 
-def assign(rows: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, dict[int, list[Template]]], dict[str, PromptVersion]]:
+def routed(version_id: str) -> PromptVersion:
+    """A version the lake knows only by its id: a candidate the route put in, whose
+    text lives in the candidate store (`by_agent(candidates=...)` gives it)."""
+    return PromptVersion(version_id, (f"(candidate {version_id}, put in by nightshift route: its text is in the "
+                                      "candidate store)",), (), "")
+
+
+def assign(rows: pl.DataFrame, candidates: dict[str, PromptVersion] | None = None,
+           ) -> tuple[pl.DataFrame, dict[str, dict[int, list[Template]]], dict[str, PromptVersion]]:
     """Each call's prompt version: templates inferred per agent and position over the
     calls' prompts (weighted by calls), then each distinct (agent, prompt, tools)
-    resolved once. Returns the rows with `syskey` and `version` (null: no content),
-    the templates, and the versions by id."""
+    resolved once. Returns the rows with `syskey`, `sent` (the version of the prompt
+    recorded; null: no content) and `version` (the one the model saw: the route's
+    candidate when it put one in, else `sent`), the templates, and the versions by id
+    (`candidates`: the routed candidates' versions, when the caller read them)."""
+    if "prompt_seen" not in rows.columns:
+        rows = rows.with_columns(pl.lit(None, pl.String).alias("prompt_seen"))
     rows = rows.with_columns(pl.col("system").list.join(_SEP).alias("syskey"), pl.col("tools").fill_null(""))
     distinct = (rows.filter(pl.col("content")).group_by("agent", "syskey", "tools")
                 .agg(pl.len().alias("n"), pl.col("system").first()))
@@ -179,17 +196,21 @@ def assign(rows: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, dict[int, list[T
         ids.append(v.id)
     mapping = distinct.select("agent", "syskey", "tools").with_columns(pl.Series("version", ids, pl.String))
     out = rows.join(mapping, on=["agent", "syskey", "tools"], how="left", nulls_equal=True)
-    out = out.with_columns(pl.when(pl.col("content")).then(pl.col("version")).alias("version"))
+    out = out.with_columns(pl.when(pl.col("content")).then(pl.col("version")).alias("sent"))
+    out = out.with_columns(pl.coalesce("prompt_seen", "sent").alias("version"))
+    for vid in out["prompt_seen"].drop_nulls().unique().to_list():
+        versions.setdefault(vid, (candidates or {}).get(vid) or routed(vid))
     return out, dict(templates), versions
 
 
 def by_agent(data: str, since: str = "", storage_options: dict | None = None, *, agent: str | None = None,
              min_trajectories: int = MIN_TRAJECTORIES, names: bool = True,
-             rows: pl.DataFrame | None = None) -> PromptTable:
+             rows: pl.DataFrame | None = None, candidates: dict[str, PromptVersion] | None = None) -> PromptTable:
     """Every agent's prompt versions with their production figures (or one agent's).
-    `names`: read the spans for the prompt names instrumentations recorded."""
+    `names`: read the spans for the prompt names instrumentations recorded;
+    `candidates`: the versions of candidates the route put in, by id (else shown by id)."""
     rows = lake.calls(data, since, storage_options) if rows is None else rows
-    rows, templates, versions = assign(rows)
+    rows, templates, versions = assign(rows, candidates)
     # each trajectory's outcome over every agent's calls, then attributed per agent
     outcome = (rows.sort("trajectory_id", "step").group_by("trajectory_id", maintain_order=True)
                .agg(pl.col("reward").drop_nulls().last().alias("o")))
@@ -219,7 +240,8 @@ def by_agent(data: str, since: str = "", storage_options: dict | None = None, *,
         if not mine.height:
             continue
         have = mine.filter(pl.col("version").is_not_null())
-        newest = have.sort("start_time", "step", nulls_last=False).tail(1) if have.height else None
+        sent = mine.filter(pl.col("sent").is_not_null())
+        newest = sent.sort("start_time", "step", nulls_last=False).tail(1) if sent.height else None
         stats = []
         for vid in have.group_by("version").agg(pl.col("start_time").min().alias("t")).sort("t", "version")["version"]:
             vc = have.filter(pl.col("version") == vid)
@@ -227,7 +249,7 @@ def by_agent(data: str, since: str = "", storage_options: dict | None = None, *,
                        min_trajectories)
             s.names = recorded.get(vid, [])
             s.shared_with = sorted(users[vid] - {name})
-            s.current = newest is not None and newest["version"][0] == vid
+            s.current = newest is not None and newest["sent"][0] == vid
             s.model = vc.sort("start_time").tail(1)["model"][0]
             stats.append(s)
         out.append(AgentPrompts(name, stats, mine.height - have.height, templates.get(name, {})))

@@ -6,8 +6,9 @@ Written by `nightshift build` under `<data>/transitions/date=YYYY-MM-DD/`. Colum
 names are a public contract: change them only with a new VERSION.
 
 Versions: 1, the first; 2 adds `prompt_name` and `prompt_version` (nullable, at the
-end). Files of version 1 lack those two columns: readers take them as null (Polars
-`scan_parquet(..., missing_columns="insert")`, a pyarrow dataset, `nightshift train`).
+end); 3 adds `prompt_seen` (nullable, at the end). Files of an older version lack the
+later columns: readers take them as null (Polars `scan_parquet(...,
+missing_columns="insert")`, a pyarrow dataset, `nightshift train`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from .common import METADATA_VERSION, TIMESTAMP, with_metadata
 NAME = "transitions"
 #: This dataset's own version, in every file's metadata and every row's `schema_version`
 #: (the other datasets are at `common.SCHEMA_VERSION`).
-VERSION = "2"
+VERSION = "3"
 #: The versions a reader of this Nightshift reads (`layout.check`): 1 too, its
 #: missing columns taken as null.
-READABLE = ("1", "2")
+READABLE = ("1", "2", "3")
 #: Columns each version added, by version: a file of an older version lacks them.
-ADDED: dict[str, tuple[str, ...]] = {"2": ("prompt_name", "prompt_version")}
+ADDED: dict[str, tuple[str, ...]] = {"2": ("prompt_name", "prompt_version"), "3": ("prompt_seen",)}
 
 TOOL_CALL = pa.struct(
     [
@@ -90,6 +91,10 @@ SCHEMA = with_metadata(
             # `gen_ai.prompt.version`) the call was made from, when the agent used one
             pa.field("prompt_name", pa.string()),
             pa.field("prompt_version", pa.string()),
+            # version 3: the id of the prompt version the model saw (schemas.prompt_identity), when
+            # it is not the one in input_messages: `nightshift route` put a candidate in and marked
+            # the answer's model `+p:<id>` (the mark is taken off `model` and `response_model`)
+            pa.field("prompt_seen", pa.string()),
         ]
     ),
     NAME,

@@ -35,7 +35,7 @@ from nightshift.schemas import spans as spans_schema
 
 from . import attrs as A
 from . import calls as C
-from . import credit, distributed, incremental, normalize, output, pool, spill
+from . import attribution, credit, distributed, incremental, normalize, output, pool, spill
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
 
@@ -862,7 +862,7 @@ _LATE = ("prompt_token_ids", "completion_token_ids", "advantage")
 
 def _table(rows: list[dict], tokens: pl.DataFrame) -> pl.DataFrame:
     """Rows in output order, token ids joined from Arrow; `advantage` comes last."""
-    rows = sorted(rows, key=lambda r: r["_order"])
+    rows = sorted(attribution.attribute(rows), key=lambda r: r["_order"])  # the prompt the model saw
     fields = [f for f in _ROW_SCHEMA if f.name not in _LATE]
     arrays = {}
     for f in fields:
