@@ -159,7 +159,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     import polars as pl
 
     data = _collector_config(args).data
-    pattern = f"{data.rstrip('/')}/spans/**/*.parquet"
+    from nightshift.schemas import layout
+
+    pattern = layout.files(data, layout.SPANS)
     try:
         lf = pl.scan_parquet(pattern, hive_partitioning=True)
         summary = (

@@ -35,6 +35,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nightshift.schemas import layout
 from nightshift.storage import fsync
 
 FORMATS = ("messages", "prompt_completion")
@@ -121,18 +122,18 @@ def _has_content(row: dict) -> bool:
 
 
 def _rows(fs, root: str, since: str, until: str, stats: ExportStats) -> Iterator[dict]:
-    base = f"{root}/transitions"
+    base = layout.folder(root, layout.TRANSITIONS)
     if not fs.exists(base):
         raise NothingToExport(f"no transitions under {base}: run `nightshift build` first")
     for entry in sorted(fs.ls(base, detail=True), key=lambda e: e["name"]):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry["type"] != "directory" or not name.startswith("date="):
+        day = layout.partition_date(name)
+        if entry["type"] != "directory" or day is None:
             continue
-        day = name[5:]
         if (since and day < since) or (until and day > until):
             continue
         for f in sorted(x["name"] for x in fs.ls(entry["name"], detail=True)
-                        if x["type"] == "file" and x["name"].endswith(".parquet")):
+                        if x["type"] == "file" and x["name"].endswith(layout.SUFFIX)):
             stats.files.append(f)
             try:
                 with fs.open(f, "rb") as fh:
@@ -222,7 +223,7 @@ def export(data: str, out: str, fmt: str = "messages", arguments: str = "object"
             fh.flush()
             os.fsync(fh.fileno())
         if not stats.files:
-            raise NothingToExport(f"no transitions files under {root.rstrip('/')}/transitions"
+            raise NothingToExport(f"no transitions files under {layout.folder(root, layout.TRANSITIONS)}"
                               + (" in the dates given" if since or until else "") + ": run `nightshift build` first")
         os.replace(tmp, out)
         fsync(folder)

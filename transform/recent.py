@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from nightshift.schemas import layout
+
 SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "received_time",
                 "service_name", "gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_agent_name",
                 "gen_ai_conversation_id", "scope_name", "scope_version", "attributes", "events", "links",
@@ -42,18 +44,19 @@ def _dates(fs, base: str, first: dt.date | None) -> dict[str, list[str]]:
         return out
     for entry in sorted(fs.ls(base, detail=True), key=lambda e: e["name"]):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry["type"] != "directory" or not name.startswith("date="):
+        date = layout.partition_date(name)
+        if entry["type"] != "directory" or date is None:
             continue
         try:
-            day = dt.date.fromisoformat(name[5:])
+            day = dt.date.fromisoformat(date)
         except ValueError:
             continue  # not a partition the collector wrote
         if first and day < first:
             continue
         files = sorted(f["name"] for f in fs.ls(entry["name"], detail=True)
-                       if f["type"] == "file" and f["name"].endswith(".parquet"))
+                       if f["type"] == "file" and f["name"].endswith(layout.SUFFIX))
         if files:
-            out[name[5:]] = files
+            out[date] = files
     return out
 
 
@@ -95,7 +98,7 @@ def read(data: str, hours: float, now_ns: int, storage_options: dict | None = No
     first = (dt.datetime.fromtimestamp(cutoff_ns / 1e9, dt.timezone.utc).date() - dt.timedelta(days=1)
              if cutoff_ns is not None else None)
     bad: list[str] = []
-    by_date = _dates(fs, f"{root}/spans", first)
+    by_date = _dates(fs, layout.folder(root, layout.SPANS), first)
     paths = [p for ps in by_date.values() for p in ps]
     # first pass: two small columns, to choose the traces
     ids = _read(fs, paths, ("trace_id", "received_time"), bad)
@@ -111,10 +114,10 @@ def read(data: str, hours: float, now_ns: int, storage_options: dict | None = No
             spans = _read(fs, paths, SPAN_COLUMNS, bad, chosen.to_arrow())
             window.spans = spans.unique(["trace_id", "span_id"], keep="first", maintain_order=True)
     if window.spans.height:
-        log_dates = _dates(fs, f"{root}/logs", first)
+        log_dates = _dates(fs, layout.folder(root, layout.LOGS), first)
         window.logs = _read(fs, [p for ps in log_dates.values() for p in ps], LOG_COLUMNS, bad,
                             window.spans["trace_id"].unique().to_arrow())
-    fb_dates = _dates(fs, f"{root}/feedback", None)
+    fb_dates = _dates(fs, layout.folder(root, layout.FEEDBACK), None)
     feedback = _read(fs, [p for ps in fb_dates.values() for p in ps], FEEDBACK_COLUMNS, bad)
     if feedback.height:
         window.feedback = feedback.unique("feedback_id", keep="first", maintain_order=True).with_columns(
