@@ -3,6 +3,7 @@
 
     python benchmarks/transform.py [--spans 1000000] [--calls 5] [--prompt-chars 2000] [--mix]
                                    [--data DIR] [--jobs N] [--peer agl [--peer-spans 16000]]
+                                   [--engine ray [--workers 1,2] [--buckets N]]
 
 What it does, in one run:
 
@@ -22,7 +23,12 @@ What it does, in one run:
    50 ms) and of its largest process (wait4's ru_maxrss).
 3. Counts the transitions written (Parquet footers) and checks them against the
    workload: one row per LLM call, each trajectory rewarded, token ids kept.
-4. With `--peer agl`: Agent Lightning 0.3's `TracerTraceToTriplet` on the first
+4. With `--engine ray --workers 1,2`: the same build as Ray tasks (`--build-engine
+   ray`, --buckets buckets of traces) on a local cluster of each worker count, its
+   wall time, the speed-up over one worker, what that projects for N workers
+   (Amdahl's law fitted to the first and last counts: the driver's share stays),
+   and the peak RSS of the driver and of each worker.
+5. With `--peer agl`: Agent Lightning 0.3's `TracerTraceToTriplet` on the first
    --peer-spans spans' worth of the same trajectories, in its own virtualenv
    (benchmarks/peer_agl.py), and the ratio of the two.
 
@@ -64,6 +70,7 @@ T_FLOOR = Target(">=", 0.5, "0.5x")  # the floor's CPU-seconds / the build's: re
 T_AGL = Target(">=", 2.0, "2.0x")  # spans per CPU-second, nightshift / Agent Lightning's TracerTraceToTriplet
 T_RSS_SPANS = 10_000_000  # the RSS target applies at this many spans
 T_RSS = Target("<", 1 << 30, f"1 GiB at {T_RSS_SPANS // 1_000_000}M spans")  # peak RSS of the build, bytes
+T_RAY = Target(">=", 1.7, "1.7x one worker")  # --engine ray: wall of 1 worker / wall of 2, on this 2-core machine
 
 
 @dataclass
@@ -167,6 +174,7 @@ class BuildRun:
     cpu_sys: float = 0.0
     maxrss_one: float = 0.0  # bytes, largest single process (wait4)
     peak_rss_tree: float = 0.0  # bytes, process tree sum (psutil samples)
+    peak_rss_root: float = 0.0  # bytes, the build's own process (psutil samples)
     samples: int = 0
     other_cores: float = 0.0  # CPU used by other processes during the build, in cores
     stdout: str = ""
@@ -184,6 +192,7 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.interval, self.limit = pid, interval, limit
         self.peak = 0.0
+        self.peak_root = 0.0  # the process itself (the build's driver), without its children
         self.samples = 0
         self.over = False  # killed for going over `limit` bytes
         self._halt = threading.Event()
@@ -201,9 +210,12 @@ class RssSampler(threading.Thread):
                 break
             for q in procs:
                 try:
-                    total += q.memory_info().rss
+                    rss = q.memory_info().rss
                 except psutil.Error:
-                    pass
+                    continue
+                total += rss
+                if q is proc:
+                    self.peak_root = max(self.peak_root, rss)
             self.peak = max(self.peak, total)
             self.samples += 1
             if self.limit and total > self.limit and not self.over:
@@ -255,6 +267,7 @@ def run_build(root: Path, extra: list[str], timeout: float, rss_limit: float) ->
     run.cpu_user, run.cpu_sys = ru.ru_utime, ru.ru_stime
     run.maxrss_one = ru.ru_maxrss * 1024  # KiB on Linux
     run.peak_rss_tree = max(sampler.peak, run.maxrss_one)
+    run.peak_rss_root = sampler.peak_root
     run.samples = sampler.samples
     run.over_rss = sampler.over
     run.other_cores = max(0.0, (busy1 - busy0) - run.cpu) / run.wall if run.wall else 0.0
@@ -352,7 +365,19 @@ def parse_args() -> tuple[argparse.Namespace, st.Params]:
                     help="kill the build if its process tree's RSS goes over this many MiB, to keep the machine "
                          "usable (default: 85%% of RAM; 0: no limit)")
     ap.add_argument("--peer-spans", type=int, default=16_000, help="spans the peer adapts (default 16,000)")
+    ap.add_argument("--engine", choices=("local", "ray"), default="local",
+                    help="local: the build in one process (default); ray: its buckets as Ray tasks on a local cluster "
+                         "of each --workers count, with the speed-up over one worker and its projection for N")
+    ap.add_argument("--workers", default="1,2", help="--engine ray: worker counts to run, comma-separated (default 1,2)")
+    ap.add_argument("--buckets", type=int, default=0,
+                    help="--engine ray: buckets of traces (default: 4 per worker of the largest count)")
     args = ap.parse_args()
+    try:
+        args.worker_counts = sorted({int(w) for w in args.workers.split(",") if w.strip()})
+    except ValueError:
+        ap.error(f"--workers must be numbers separated by commas, got {args.workers!r}")
+    if not args.worker_counts or min(args.worker_counts) < 1:
+        ap.error("--workers needs at least one count, each at least 1")
 
     p = st.Params(spans=args.spans, **st.shape_of(args), days=args.days, mix=args.mix, seed=args.seed)
     try:
@@ -458,6 +483,73 @@ def build_lines(p: st.Params, run: BuildRun, res: Output, floor: Floor) -> list[
     return out
 
 
+def ray_runs(root: Path, args: argparse.Namespace) -> list[tuple[int, BuildRun]]:
+    buckets = args.buckets or 4 * max(args.worker_counts)
+    out = []
+    for w in args.worker_counts:
+        shutil.rmtree(root / "transitions", ignore_errors=True)
+        extra = [*args.build_arg, "--build-engine", "ray", "--build-workers", str(w), "--build-buckets", str(buckets)]
+        log(f"running on Ray, {w} worker(s): " + " ".join(["nightshift", "build", *extra]))
+        run = run_build(root, extra, args.timeout, args.rss_limit * MIB if args.rss_limit else 0.0)
+        log(f"  exited {run.rc} after {run.wall:.1f} s")
+        out.append((w, run))
+        if run.rc != 0:
+            break
+    return out
+
+
+def ray_lines(p: st.Params, args: argparse.Namespace, runs: list[tuple[int, BuildRun]]) -> list[str]:
+    """Each worker count's wall time and memory, the speed-up, and Amdahl's law fitted
+    to the first and last counts (T(n) = serial + parallel / n) projected to N."""
+    buckets = args.buckets or 4 * max(args.worker_counts)
+    out = ["", f"Ray: the same build as {buckets} bucket tasks on a local cluster (--build-engine ray --build-buckets "
+               f"{buckets}; cluster start-up included in the wall time)"]
+    for w, run in runs:
+        if run.rc != 0:
+            out.extend(failure_lines(run, args))
+            return out
+    base_w, base = runs[0]
+    rows = []
+    for w, run in runs:
+        workers = next((x.split("peak RSS ", 1)[1] for x in run.stdout.splitlines() if x.startswith("ray:")), "?")
+        rows.append((f"{w} worker(s)", f"{run.wall:.2f} s wall, {fmt(p.total_spans / run.wall)} spans/s, "
+                                       f"speed-up {base.wall / run.wall:.2f}x; peak RSS: driver "
+                                       f"{run.peak_rss_root / MIB:,.0f} MiB, each worker {workers}, "
+                                       f"whole tree (Ray's own processes too) {run.peak_rss_tree / MIB:,.0f} MiB"))
+    out.extend(harness.table(rows, align="<<"))
+    if 1 in dict(runs) and 2 in dict(runs):
+        ratio = dict(runs)[1].wall / dict(runs)[2].wall
+        out.append(f"  2 workers vs 1: {ratio:.2f}x ({T_RAY}) {T_RAY.verdict(ratio)}"
+                   + (f"  [other processes used {max(r.other_cores for _, r in runs):.2f} cores meanwhile: "
+                      "the workers did not have the cores to themselves]" if max(r.other_cores for _, r in runs) > 0.25
+                      else ""))
+    phases = _phases(base.stdout)
+    if phases:
+        parallel = phases["work"]  # the buckets' own seconds, summed: what more workers share
+        serial = max(base.wall - phases.get("buckets", 0.0), 0.0)  # start-up, cluster, split, advantages, commit
+        one = serial + parallel
+        out.append(f"  {base_w} worker(s): {serial:.1f} s serial in the driver (" + ", ".join(
+            f"{k} {v:.1f} s" for k, v in phases.items() if k not in ("buckets", "work"))
+            + f", the rest start-up and listing) + {parallel:.1f} s of bucket work (summed over its tasks)")
+        out.append("  projected for N workers, each with a core, buckets >= N (Amdahl: serial + work / N): " + ", ".join(
+            f"N={n}: {one / (serial + parallel / n):.1f}x" for n in (2, 4, 8, 16, 64)))
+        if os.cpu_count() and max(args.worker_counts) > os.cpu_count():
+            out.append(f"  (this machine has {os.cpu_count()} cores: counts above it share them)")
+    return out
+
+
+def _phases(stdout: str) -> dict[str, float]:
+    """The build's `time:` line: each phase's seconds, and the buckets' own work summed ('work')."""
+    import re
+
+    line = next((x for x in stdout.splitlines() if x.startswith("time: ")), "")
+    out = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s", line.split("(", 1)[0])}
+    work = re.search(r"own work: ([\d.]+) s", line)
+    if work:
+        out["work"] = float(work.group(1))
+    return out
+
+
 def per_core(p: st.Params, run: BuildRun) -> float:
     """Spans per CPU-second of the build."""
     return p.total_spans / run.cpu if run.cpu else float("nan")
@@ -496,6 +588,11 @@ def main() -> int:
             if args.generate_only:
                 rep.print()
                 return 0
+            if args.engine == "ray":
+                runs = ray_runs(root, args)
+                rep.extend(ray_lines(p, args, runs))
+                rep.print()
+                return 0 if runs[-1][1].rc == 0 else 1
             run = measure_build(root, args)
             rep.extend(build_title(args))
             if run.rc != 0:

@@ -86,6 +86,9 @@ class Summary:
     python_reader: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: Ray worker process -> its peak RSS in bytes (engine ray)
     workers: dict[str, int] = field(default_factory=dict)
+    #: seconds of the build's phases (split, buckets, advantages, partitions), and of every bucket's own work summed
+    phases: dict[str, float] = field(default_factory=dict)
+    bucket_seconds: float = 0.0
 
     def add(self, other: "Summary") -> None:
         """Add what one bucket found, as if this build had gone on to build it: buckets
@@ -100,6 +103,7 @@ class Summary:
         self.unreadable += other.unreadable
         self.bad_token_ids[0] += other.bad_token_ids[0]
         self.bad_token_ids[1] = self.bad_token_ids[1] or other.bad_token_ids[1]
+        self.bucket_seconds += other.bucket_seconds
 
     def lines(self) -> list[str]:
         out = [
@@ -147,6 +151,9 @@ class Summary:
             out.append(f"calls read by the Python reader: {sum(self.python_reader.values())} ("
                        + ", ".join(f"{k} {v}" for k, v in sorted(self.python_reader.items(), key=lambda kv: -kv[1]))
                        + ")")
+        if self.phases:  # what one more worker can shorten (buckets) and what it cannot (the rest)
+            out.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
+                       + f" (the buckets' own work: {self.bucket_seconds:.1f} s)")
         if self.workers:
             out.append(f"ray: {self.buckets} bucket(s) on {len(self.workers)} worker process(es), peak RSS "
                        + ", ".join(f"{v / 2**20:.0f} MiB" for _, v in sorted(self.workers.items())))
@@ -508,6 +515,12 @@ class _Done:
     worker: tuple[str, int] | None = None  # (process, peak RSS) when built away from the driver
 
 
+def _phase(summary: Summary, name: str, since: float) -> float:
+    now = time.perf_counter()
+    summary.phases[name] = now - since
+    return now
+
+
 def _part(bucket: int, j: int) -> int:
     """A frame's number: its advantages come back by it."""
     return bucket << 20 | j
@@ -526,6 +539,7 @@ def run_bucket(job: _Job, shared: _Shared) -> _Done:
     each file written whole or not at all, so a task killed and retried leaves no
     half part behind; nothing is committed here, the driver does that."""
     cfg = shared.cfg
+    t0 = time.perf_counter()
     summary = Summary()
     functions = [(spec, load_function(spec)) for spec in cfg.reward.functions]
     ctx = _Ctx(cfg, shared.now_ns, shared.since, shared.until, shared.feedback, shared.logs, functions,
@@ -548,6 +562,7 @@ def run_bucket(job: _Job, shared: _Shared) -> _Done:
     del by_day, tokens
     path = spill.write_ipc(pl.concat(slim), os.path.join(job.scratch, f"slim-{job.bucket:05d}.arrow")) if slim else ""
     _give_back_memory()
+    summary.bucket_seconds = time.perf_counter() - t0
     return _Done(job.bucket, frames, path, summary, ctx.counts, ctx.seen)
 
 
@@ -954,17 +969,20 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         from tqdm import tqdm
 
         bar = tqdm(total=buckets, unit="bucket", desc="build", disable=not progress)
+        clock = time.perf_counter()
         if buckets == 1:
             jobs = [_Job(0, reads, "", tmp)]
         else:
             bar.set_description("split")
             split = _split(fs, reads, buckets, tmp, cfg.memory_budget // int(OVERHEAD), summary.unreadable)
             jobs = [_Job(b, [], p, tmp) for b, p in enumerate(split) if p]
+            clock = _phase(summary, "split", clock)
         bar.set_description("build")
         try:
             done = distributed.run(cfg.build, run_bucket, jobs, shared, lambda: bar.update(1))
         except distributed.EngineError as e:
             raise BuildError(str(e)) from None
+        clock = _phase(summary, "buckets", clock)
         bar.close()
         ctx = _Ctx(cfg, now_ns, since, until, shared.feedback, logs, [], None, None, summary, C.Counts(),
                    seen=incremental.Seen() if plan is not None else None)
@@ -995,6 +1013,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         # per-group sums from the spilled parts: no per-row table held for the whole window
         adv = spill.advantages(slim, os.path.join(tmp, "advantages"), cfg.advantage.baseline,
                                cfg.advantage.normalize)
+        clock = _phase(summary, "advantages", clock)
         window_days = dates if dates is not None else {
             d for d in inputs.spans if (not since or dt.date.fromisoformat(d) >= since)
             and (not until or dt.date.fromisoformat(d) <= until)}
@@ -1016,6 +1035,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             if pool.changed(spill.read_ipc(was), new):
                 pool.rewrite(fs, out_root, day, new)
                 summary.repooled.append(day)
+        _phase(summary, "partitions", clock)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if plan is not None:
