@@ -68,6 +68,11 @@ def partition_folder(root: str, dataset: str, date: str) -> str:
     return f"{folder(root, dataset)}/{partition(date)}"
 
 
+def file(root: str, dataset: str, date: str, name: str) -> str:
+    """`<root>/<dataset>/date=<date>/<name>`: one file of a partition, by its listed name."""
+    return f"{partition_folder(root, dataset, date)}/{name}"
+
+
 def partition_date(name: str) -> str | None:
     """The date of a partition folder's name (its last path part), None for any
     other name: a reader lists a dataset's folder and skips what is not a partition."""

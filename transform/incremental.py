@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 
 import polars as pl
 
+from nightshift.schemas import layout
 from nightshift.storage import write_atomic
 
 from . import scan
@@ -91,11 +92,11 @@ class Inputs:
     partitions: dict[str, str]  # transitions date -> stamp of its files
 
     def span_paths(self, dates) -> dict[str, list[str]]:
-        return {d: [f"{self.root}/spans/date={d}/{n}" for n in sorted(self.spans[d])]
+        return {d: [layout.file(self.root, layout.SPANS, d, n) for n in sorted(self.spans[d])]
                 for d in sorted(dates) if d in self.spans}
 
     def log_paths(self, dates) -> dict[str, list[str]]:
-        return {d: [f"{self.root}/logs/date={d}/{n}" for n in sorted(self.logs[d])]
+        return {d: [layout.file(self.root, layout.LOGS, d, n) for n in sorted(self.logs[d])]
                 for d in sorted(dates) if d in self.logs}
 
 
@@ -286,14 +287,14 @@ def plan(fs, state: dict | None, why_none: str, inputs: Inputs, feedback: pl.Dat
     # which holds the date they start on (a span is filed by its start) and the date
     # they started on before a late span that starts earlier.
     ids = scan.Scan(fs)
-    new_paths = [f"{inputs.root}/spans/date={d}/{n}" for d, n in sorted(new_spans)]
-    new_paths += [f"{inputs.root}/logs/date={d}/{n}" for d, n in sorted(new_logs)]
+    new_paths = [layout.file(inputs.root, layout.SPANS, d, n) for d, n in sorted(new_spans)]
+    new_paths += [layout.file(inputs.root, layout.LOGS, d, n) for d, n in sorted(new_logs)]
     touched = pl.concat([ids.traces_of(new_paths), fb_traces]).unique()
-    old_files = {d: [f"{inputs.root}/spans/date={d}/{n}" for n in sorted(files) if (d, n) not in new_spans]
+    old_files = {d: [layout.file(inputs.root, layout.SPANS, d, n) for n in sorted(files) if (d, n) not in new_spans]
                  for d, files in inputs.spans.items()}
     new_files: dict[str, list[str]] = defaultdict(list)
     for d, n in sorted(new_spans):
-        new_files[d].append(f"{inputs.root}/spans/date={d}/{n}")
+        new_files[d].append(layout.file(inputs.root, layout.SPANS, d, n))
     first = set(dates)
     wanted = pl.concat([touched, ids.traces_of(_flat(inputs.span_paths(first)))]).unique()
     where_old = ids.dates_of(old_files, wanted)
