@@ -60,6 +60,7 @@ sys.path.insert(0, str(HERE))
 import evaluate  # noqa: E402
 import harness  # noqa: E402
 import loop  # noqa: E402
+import paired  # noqa: E402
 import policy  # noqa: E402
 from harness import Target, log, verdict  # noqa: E402
 
@@ -158,8 +159,9 @@ class Nights:
 
     logged: float = 0.0  # success while logging night 1
     behaviour: dict[int, list[float]] = field(default_factory=dict)  # night -> per seed
+    behaviour_scores: dict[int, list[evaluate.Score]] = field(default_factory=dict)  # night -> per seed, per episode
     success: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (alg, night) -> per seed
-    serving_score: dict[tuple[str, int], float] = field(default_factory=dict)  # (alg, seed) -> what serves now, scored
+    serving_score: dict[tuple[str, int], evaluate.Score] = field(default_factory=dict)  # (alg, seed) -> what serves now
     decisions: list[dict] = field(default_factory=list)
     root: Path = Path(".")  # the work folder: each lineage's data, checkpoints and report
     watch: list[dict] = field(default_factory=list)  # every decision the watch took, with the gate's on that version
@@ -221,18 +223,25 @@ def lineage_night(w: World, args: argparse.Namespace, n: Nights, first: Path, ni
                               **{**SETTINGS[alg], "algorithm": alg})
     # what serves before tonight, on tonight's episodes (scored before the nightly can move it)
     serving_before = _serving_path(data)
-    before = n.serving_score[(alg, s)] if night == 1 else evaluate.score(
+    before_score = n.serving_score[(alg, s)] if night == 1 else evaluate.score(
         str(w.model), serving_before, args.eval_episodes, seed=1000 * night + s, engine=w.engine,
-        colour_share=mix(args, night + 1)).rate
+        colour_share=mix(args, night + 1))
+    before = before_score.rate
     log(f"night {night}: {name}: nightshift nightly")
     d = nightly(cfg, w.logs)
-    rate = float("nan")
+    rate, cand_score = float("nan"), None
     if d["version"]:
-        rate = evaluate.score(str(w.model), str(data / "checkpoints" / d["version"]), args.eval_episodes,
-                              seed=1000 * night + s, engine=w.engine, colour_share=mix(args, night + 1)).rate
-    d.update(night=night, alg=alg, seed=s, candidate=rate, before=before)
+        cand_score = evaluate.score(str(w.model), str(data / "checkpoints" / d["version"]), args.eval_episodes,
+                                    seed=1000 * night + s, engine=w.engine, colour_share=mix(args, night + 1))
+        rate = cand_score.rate
+    d.update(night=night, alg=alg, seed=s, candidate=rate, before=before,
+             truth=_clearly(cand_score, before_score) if cand_score else None)
     n.decisions.append(d)
-    log(f"  gate {d['gate']}: candidate {100 * rate:.1f} % vs serving {100 * before:.1f} %" if d["version"]
+    cr = d.get("checker_result") or {}
+    # every decision in the log as it is taken: a run stopped early still says what it reached
+    log(f"  gate {d['gate']} (offline {d['offline']}, checker {d.get('checker') or 'off'}"
+        + (f": paired {100 * cr['estimate']:+.0f}, bound {100 * cr['lower']:+.1f} on {cr['n']}" if "lower" in cr else "")
+        + f"): candidate {100 * rate:.1f} % vs serving {100 * before:.1f} % [{d['truth']}]" if d["version"]
         else f"  no candidate: {d['outcome']}")
     for line in d["watch"]:
         log(f"  {line}")
@@ -240,15 +249,27 @@ def lineage_night(w: World, args: argparse.Namespace, n: Nights, first: Path, ni
     # what serves now (the registry's word: a canary serves only its share), scored on tonight's episodes
     serving_now = _serving_path(data)
     if serving_now == serving_before:
-        n.serving_score[(alg, s)] = before
+        n.serving_score[(alg, s)] = before_score
     elif d["version"] and serving_now and serving_now.endswith(d["version"]):
-        n.serving_score[(alg, s)] = rate
+        n.serving_score[(alg, s)] = cand_score
     else:
         n.serving_score[(alg, s)] = evaluate.score(str(w.model), serving_now, args.eval_episodes,
                                                    seed=1000 * night + s, engine=w.engine,
-                                                   colour_share=mix(args, night + 1)).rate
-    n.success.setdefault((alg, night), []).append(n.serving_score[(alg, s)])
+                                                   colour_share=mix(args, night + 1))
+    n.success.setdefault((alg, night), []).append(n.serving_score[(alg, s)].rate)
     n.success.setdefault((alg + " (candidates)", night), []).append(rate)
+
+
+def _clearly(candidate: evaluate.Score, before: evaluate.Score) -> str:
+    """`better`, `worse` or `within noise`: whether the scoring episodes themselves
+    (paired: same tasks, same sampling seeds) tell the two apart, by a two-sided
+    95 % interval of the paired difference. The strict confusion counts a 0.5-point
+    difference on 200 episodes as truth; this one does not."""
+    if paired.paired_lower(candidate.outcomes, before.outcomes, 0.975).lower > 0:
+        return "better"
+    if paired.paired_lower(before.outcomes, candidate.outcomes, 0.975).lower > 0:
+        return "worse"
+    return "within noise"
 
 
 def _agent_model(w: World, data: Path, name: str) -> str:
@@ -287,11 +308,12 @@ def run_nights(w: World, args: argparse.Namespace, algorithms: list[str], seeds:
     n = Nights(root=w.root)
     first, n.logged = first_night_logs(w, args)
     for night in range(1, args.nights + 1):
-        n.behaviour[night] = [evaluate.score(str(w.model), None, args.eval_episodes, seed=1000 * night + s,
-                                             engine=w.engine, colour_share=mix(args, night + 1)).rate for s in seeds]
+        n.behaviour_scores[night] = [evaluate.score(str(w.model), None, args.eval_episodes, seed=1000 * night + s,
+                                                    engine=w.engine, colour_share=mix(args, night + 1)) for s in seeds]
+        n.behaviour[night] = [x.rate for x in n.behaviour_scores[night]]
     for alg in algorithms:
         for s in seeds:
-            n.serving_score[(alg, s)] = n.behaviour[1][s]
+            n.serving_score[(alg, s)] = n.behaviour_scores[1][s]
     for night in range(1, args.nights + 1):
         for alg in algorithms:
             for s in seeds:
@@ -323,7 +345,7 @@ def main() -> int:
 
 
 def _versions(data: Path) -> list[str]:
-    from nightshift.publish.versions import NoTransitions, by_version, lines
+    from nightshift.judge.versions import NoTransitions, by_version, lines
 
     try:
         return lines(by_version(str(data), checkpoints=str(data / "checkpoints")))
@@ -366,24 +388,38 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
                "offline: the default gate's own checks; checker: the world's checker as gate.command; gate: both)")
     confs = {k: {(g, b): 0 for g in ("PASSED", "BLOCKED") for b in ("better", "worse")}
              for k in ("offline", "checker", "gate")}
+    # the same decisions against what the scoring episodes can tell apart (paired, 95 %)
+    clear = {k: {(g, b): 0 for g in ("PASSED", "BLOCKED") for b in ("better", "worse", "within noise")}
+             for k in ("offline", "checker", "gate")}
     for d in decisions:
         better = "better" if d["candidate"] > d["before"] else "worse"
         for k, conf in confs.items():
             if d.get(k):
                 conf[(d[k], better)] += 1
+                if d.get("truth"):
+                    clear[k][(d[k], d["truth"])] += 1
         if not d["version"]:
             out.append(f"  night {d['night']} {d['alg']}-s{d['seed']}: no candidate ({d['outcome']})")
             continue
         cr = d.get("checker_result") or {}
         checked = (f", checker {100 * cr['candidate_success']:.0f} vs {100 * cr['serving_success']:.0f} %"
                    if "candidate_success" in cr else "")
+        if "lower" in cr:
+            checked += f" (paired {100 * cr['estimate']:+.0f}, bound {100 * cr['lower']:+.1f} on {cr['n']})"
         out.append(f"  night {d['night']} {d['alg']}-s{d['seed']}: gate {d['gate']:7} (offline {d['offline']}, checker "
-                   f"{d.get('checker') or 'off'}) candidate {100 * d['candidate']:5.1f} % vs {100 * d['before']:5.1f} %{checked}")
+                   f"{d.get('checker') or 'off'}) candidate {100 * d['candidate']:5.1f} % vs {100 * d['before']:5.1f} %"
+                   f" [{d.get('truth') or '?'}]{checked}")
     for k, conf in confs.items():
         if sum(conf.values()):
             out.append(f"  confusion ({k}): passed-and-better {conf[('PASSED', 'better')]}, passed-and-worse "
                        f"{conf[('PASSED', 'worse')]}, blocked-and-better {conf[('BLOCKED', 'better')]}, blocked-and-worse "
                        f"{conf[('BLOCKED', 'worse')]}")
+    for k, conf in clear.items():
+        if sum(conf.values()):
+            out.append(f"  beyond the scoring's noise ({k}): passed-and-better {conf[('PASSED', 'better')]}, "
+                       f"passed-and-worse {conf[('PASSED', 'worse')]}, blocked-and-better {conf[('BLOCKED', 'better')]}, "
+                       f"blocked-and-worse {conf[('BLOCKED', 'worse')]}; within noise: passed "
+                       f"{conf[('PASSED', 'within noise')]}, blocked {conf[('BLOCKED', 'within noise')]}")
     out.append("production watch (after each night's build: a canary against what serves, or what serves against "
                "the version before it; interval: the always-valid confidence sequence of the difference)")
     for e in n.watch:
@@ -418,6 +454,11 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
                f"({verdict(bool(caught))})")
     if sum(confs["gate"].values()) and args.check_episodes:
         out.append(f"  passed-and-worse = 0, with the world's checker: {verdict(confs['gate'][('PASSED', 'worse')] == 0)}")
+        for k in ("checker", "gate"):
+            c = confs[k]
+            out.append(f"  issue 27: passed-and-worse 0 and blocked-and-better <= 2 ({k}): {c[('PASSED', 'worse')]} and "
+                       f"{c[('BLOCKED', 'better')]}: "
+                       f"{verdict(c[('PASSED', 'worse')] == 0 and c[('BLOCKED', 'better')] <= 2)}")
     return out
 
 

@@ -1,11 +1,16 @@
 """Success rate of a policy on fresh episodes, in process (no HTTP, no spans): the
 learning benchmark's and the tests' judge. The same episode loop as the agent,
-the same sampling (temperature 1) through Nightshift's serving engine."""
+the same sampling (temperature 1) through Nightshift's serving engine.
+
+Two scores with the same `seed` are paired: the same tasks, and each episode's
+k-th call samples with the same seed in both (common random numbers), so two
+close policies agree on most episodes and their difference is measured on the
+few where they do not, as the gate's checker measures it (gate_check.py)."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import world
 
@@ -15,6 +20,7 @@ class Score:
     episodes: int
     successes: int
     right_tool: int  # first tool call was the right tool
+    outcomes: list[bool] = field(default_factory=list, repr=False)  # per episode, in task order
 
     @property
     def rate(self) -> float:
@@ -25,13 +31,18 @@ class Score:
         return self.right_tool / self.episodes if self.episodes else 0.0
 
 
-def engine_chat(engine, adapter: str | None, temperature: float = 1.0, seed: int = 0):
+def engine_chat(engine, adapter: str | None, temperature: float = 1.0, seed: int = 0, system: str | None = None):
+    """A chat function on the engine whose n-th call samples with seed `seed *
+    1_000_003 + n`; `system` replaces the system prompt the agent sends (the
+    route's role, until the real route is in front: world.with_system)."""
     from nightshift.trainer.render import parse_tool_calls
 
     counter = [seed * 1_000_003]
 
     def chat(messages: list[dict]) -> dict:
         counter[0] += 1
+        if system is not None:
+            messages = world.with_system(messages, system)
         prompt = engine.prompt_ids(messages, world.TOOLS)
         ids = [s.token_id for s in engine.decode_steps(adapter, prompt, 48, temperature, 1.0, 0, counter[0])]
         content, calls = parse_tool_calls(engine.finish_text(ids))
@@ -41,7 +52,7 @@ def engine_chat(engine, adapter: str | None, temperature: float = 1.0, seed: int
 
 
 def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, seed: int = 12345,
-          temperature: float = 1.0, engine=None, colour_share: float = 0.5) -> Score:
+          temperature: float = 1.0, engine=None, colour_share: float = 0.5, system: str | None = None) -> Score:
     from nightshift.serve.engine import Engine
 
     engine = engine or Engine(str(model_dir), "policy")
@@ -49,12 +60,16 @@ def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, s
     if adapter_dir:
         name = "candidate"
         engine.load_adapter(name, str(adapter_dir), load_inplace=True)
-    chat = engine_chat(engine, name, temperature, seed)
     rng = random.Random(seed)
     ok = right = 0
-    for _ in range(episodes):
+    outcomes = []
+    for i in range(episodes):
         task = world.make_task(rng, colour_share)
-        ep = world.run_episode(task, chat)
+        # each episode's calls seeded from its index: a policy that takes one call more
+        # in episode i does not shift the random numbers of every episode after it
+        ep = world.run_episode(task, engine_chat(engine, name, temperature, seed * 7919 + i * (world.MAX_CALLS + 1),
+                                                 system))
         ok += ep.success
+        outcomes.append(ep.success)
         right += bool(ep.tools_used) and ep.tools_used[0] == task.right_tool
-    return Score(episodes, ok, right)
+    return Score(episodes, ok, right, outcomes)

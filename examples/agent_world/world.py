@@ -2,7 +2,9 @@
 tool (a calculator for arithmetic, a lookup for what colour things are today), a
 tool call, the tool's result read back, and a final answer. Two LLM calls per episode, and only
 the final answer is checked, but the first call's tool choice decides it: credit
-assignment matters.
+assignment matters. A tool asked the wrong kind of question says so in an error
+(as real tools do), and the system prompt can carry instructions the behaviour
+policy follows (instructions.py): what a failure says is what a prompt can fix.
 
 Plain Python, no Nightshift: the agent program, the demo and the learning
 benchmark all use it.
@@ -35,6 +37,12 @@ TOOLS = [
 ]
 ANSWER_RE = re.compile(r"The answer is ([^.\n]+)\.?")
 MAX_CALLS = 3
+#: What a tool answers when asked the wrong kind of question: short and the same
+#: every time, so failures that share a cause read alike (a critique counts them),
+#: and what went wrong is in its first words.
+TOOL_ERRORS = {"calculator": "error: cannot calculate a colour", "lookup": "error: cannot look up arithmetic"}
+#: What the agent answers after a tool error (it does not retry): a wrong answer.
+GAVE_UP = "The answer is unknown."
 
 
 @dataclass
@@ -43,7 +51,6 @@ class Task:
     kind: str  # arithmetic | colour
     truth: str
     colours: dict[str, str] = field(default_factory=dict)  # today's colours, what the lookup tool knows
-    misread: str = "zero"  # what the calculator makes of a question with no arithmetic in it
 
     @property
     def right_tool(self) -> str:
@@ -54,41 +61,49 @@ def make_task(rng: random.Random, colour_share: float = 0.5) -> Task:
     """A fresh task: a colour question with probability `colour_share`, else
     arithmetic (the learning benchmark moves it between nights: traffic drifts)."""
     colours = {item: rng.choice(COLOURS) for item in ITEMS}
-    misread = rng.choice(NUMBERS)
     if rng.random() < 1.0 - colour_share:
         while True:  # answers from zero to nine
             a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice("+-*")
             value = a + b if op == "+" else a - b if op == "-" else a * b
             if 0 <= value <= 9:
                 break
-        return Task(f"What is {a} {op} {b}?", "arithmetic", NUMBERS[value], colours, misread)
+        return Task(f"What is {a} {op} {b}?", "arithmetic", NUMBERS[value], colours)
     item = rng.choice(ITEMS)
-    return Task(f"What colour is the {item} today?", "colour", colours[item], colours, misread)
+    return Task(f"What colour is the {item} today?", "colour", colours[item], colours)
 
 
-def tool_value(name: str, task: Task) -> str:
-    """What the tool finds for the task's question. Asked the wrong question, a tool
-    still answers (as real ones do): the calculator reads some number into it,
-    the lookup returns the colour of the item nearest the question. So the
-    answer always has to be read off the result, and a wrong tool means a wrong one."""
+def tool_value(name: str, task: Task) -> str | None:
+    """What the tool finds for the task's question, None when the question is not
+    one it can answer (the calculator finds no arithmetic in it, the lookup no
+    thing it knows). The answer has to be read off the result."""
     q = task.question
     if name == "calculator":
         m = re.search(r"(\d+) ([-+*]) (\d+)", q)
         if not m:
-            return task.misread
+            return None
         a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
         value = a + b if op == "+" else a - b if op == "-" else a * b
         return NUMBERS[value] if 0 <= value <= 9 else str(value)
     if name == "lookup":
         m = re.search(r"is the (\w+) today", q)
-        item = m.group(1) if m and m.group(1) in task.colours else ITEMS[sum(map(ord, q)) % len(ITEMS)]
-        return task.colours[item]
-    return "no such tool"
+        return task.colours[m.group(1)] if m and m.group(1) in task.colours else None
+    return None
 
 
 def run_tool(name: str, task: Task) -> str:
-    """The tool message's content: `result: <value>`."""
-    return f"result: {tool_value(name, task)}"
+    """The tool message's content: `result: <value>`, or the tool's error."""
+    value = tool_value(name, task)
+    if value is not None:
+        return f"result: {value}"
+    return TOOL_ERRORS.get(name, f"error: no such tool {name!r}")
+
+
+def with_system(messages: list[dict], system: str) -> list[dict]:
+    """The messages with their leading system prompt replaced by `system`: what
+    `nightshift route` does to a conversation it tries a prompt candidate on (the
+    agent itself never changes)."""
+    rest = messages[1:] if messages and messages[0].get("role") == "system" else messages
+    return [{"role": "system", "content": system}, *rest]
 
 
 def check(task: Task, final_text: str | None) -> bool:
@@ -134,21 +149,20 @@ def run_episode(task: Task, chat: Chat) -> Episode:
 # --- demonstrations for the behaviour policy ----------------------------------------------
 
 
-def demonstration(task: Task, rng: random.Random, p_right_tool: float = 0.5) -> list[dict]:
+def demonstration(task: Task, rng: random.Random, p_right_tool: float = 0.5, system: str = SYSTEM) -> list[dict]:
     """One episode as a chat, acted out: the right tool with probability
     `p_right_tool` (else the other one), then the answer read off the tool's
-    result (so a wrong tool gives a wrong answer)."""
+    result, or given up on after its error (so a wrong tool gives a wrong answer)."""
     right = rng.random() < p_right_tool
     name = task.right_tool if right else ("lookup" if task.right_tool == "calculator" else "calculator")
     call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
-    result = run_tool(name, task)
     value = tool_value(name, task)
     return [
-        {"role": "system", "content": SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": task.question},
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": result},
-        {"role": "assistant", "content": f"The answer is {value}."},
+        {"role": "tool", "tool_call_id": "call_1", "content": run_tool(name, task)},
+        {"role": "assistant", "content": f"The answer is {value}." if value is not None else GAVE_UP},
     ]
 
 
