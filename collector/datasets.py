@@ -323,7 +323,7 @@ class DatasetStore:
                 # skipped, as the build skips it. Its keys, if any, are not known, so
                 # a span resent now that is only in it may be stored twice.
                 log.warning("%s: not a readable Parquet file with the %s key (%s), left out of the duplicate check "
-                            "of %s date=%s", p, ", ".join(key), e, dataset, date)
+                            "of %s %s", p, ", ".join(key), e, dataset, layout.partition(date))
                 continue
             frames.append(_hashes(t))
         return _concat(frames)
