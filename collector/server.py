@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nightshift.settings import logs
 
-from . import flusher_process, flusher_stats, grpc_server, http_server, listen, wal
+from . import flusher_process, flusher_stats, grpc_server, http_server, listen, receiver_main, wal
 from .config import CollectorConfig
 from .fairness import ClientLimits
 from .metrics import Metrics
@@ -264,6 +264,10 @@ class Collector:
 
 
 def run(cfg: CollectorConfig) -> int:
+    """Serves until told to stop. Started from the full command line (which imports
+    every stage), it first restarts itself lean: see `receiver_main`."""
+    if receiver_main.worth_it():
+        receiver_main.exec_lean(cfg, logging.getLogger().level, logs.current())
     c = Collector(cfg)
     c.start()
     signal.signal(signal.SIGTERM, c.request_stop)

@@ -90,3 +90,13 @@ def test_the_flusher_process_imports_neither_polars_nor_pandas_nor_grpc():
 
 def test_the_receiver_imports_no_arrow_or_dataframe_library():
     assert _imported("import nightshift.collector.server") == ["grpc"]
+
+
+def test_nightshift_collect_receives_without_the_command_lines_heavy_imports(collector):
+    """The command line's parser imports every stage (Polars, Arrow: 75 MiB); the
+    receiver restarts itself lean in the same process, so a supervisor's pid and
+    signals still reach it."""
+    maps = open(f"/proc/{collector.proc.pid}/maps").read()
+    assert "polars" not in maps and "libarrow" not in maps
+    assert collector.health()["status"] == "ok"
+    assert collector.stop() == 0  # SIGTERM to the pid it was started as
