@@ -1,10 +1,11 @@
-"""The receiver started afresh, importing only what receiving needs.
+"""The receiver started afresh, importing only what receiving needs
+(`python -m nightshift.collector`, whose `__main__` reads what is passed here).
 
 `nightshift collect` builds the whole command line first, and its parser imports
 every stage's settings: Polars, pyarrow and numpy come with them (75 MiB of RSS
 in the receiver, half a sidecar's budget, for modules it never calls). Once the
-settings are read and checked, `server.run` execs this module in the same
-process (same pid, same stdin, stdout and stderr, same environment), which
+settings are read and checked, `server.run` execs `python -m nightshift.collector`
+in the same process (same pid, same stdin, stdout and stderr, same environment), which
 imports the collector alone and runs it.
 
 The settings travel pickled in a memory file whose descriptor the new image
@@ -18,7 +19,7 @@ import os
 import pickle
 import sys
 
-MODULE = "nightshift.collector.receiver_main"
+MODULE = "nightshift.collector"
 #: Set in the fresh image: `run` there serves instead of exec'ing again.
 ENV = "NIGHTSHIFT_COLLECTOR_LEAN"
 #: What a receiver never imports; any of them loaded means a fresh start is worth it.
@@ -47,21 +48,7 @@ def exec_lean(cfg, log_level: int, log_format: str) -> None:
         os.close(fd)
 
 
-def main(argv: list[str]) -> int:
-    fd = int(argv[1])
-    with os.fdopen(fd, "rb") as f:
-        cfg, log_level, log_format = pickle.load(f)
-    from nightshift.settings import logs
-
-    logs.configure(log_level, log_format)
-    from .server import CannotStart, run
-
-    try:
-        return run(cfg)
-    except CannotStart as e:  # as `nightshift collect` says it: one sentence, nothing left running
-        print(logs.line(log_format, logging.ERROR, "nightshift", f"nightshift collect: {e}"), file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+def settings(argv: list[str]) -> tuple:
+    """(config, log level, log format) as `exec_lean` passed them."""
+    with os.fdopen(int(argv[1]), "rb") as f:
+        return pickle.load(f)
