@@ -12,6 +12,12 @@ requests/s, the proxy's CPU-seconds and peak RSS, and what else used the CPU.
 
     python benchmarks/route.py                        # 200 streams, 20 chunks 25 ms apart, 3 rounds
     python benchmarks/route.py --streams 50 --rounds 1
+    python benchmarks/route.py --prompt 0.5           # and a prompt route on the agents' system prompt (issue 27)
+
+With `--prompt SHARE` the proxy also holds a prompt route matching the requests'
+system prompt: every request's prompt is folded and hashed, and SHARE of the
+conversations get the candidate's text in its place and their answers marked
+(`+p:<version>` on every streamed event's `model`), the work a prompt trial adds.
 """
 
 from __future__ import annotations
@@ -124,13 +130,16 @@ class Client(asyncio.Protocol):
             self.done.set_exception(ConnectionError(f"connection lost mid-answer: {bytes(self.buf[-200:])!r}"))
 
 
+SYSTEM = "You are a careful assistant that uses tools. " * 20
+
+
 def request_body(model: str, i: int) -> bytes:
     """An agent's call of typical size (~2.4 KB): a system prompt, a tool call and its
     result, two tools."""
     tool = {"type": "function", "function": {"name": "lookup", "description": "Look a fact up. " * 8, "parameters": {
         "type": "object", "properties": {"query": {"type": "string", "description": "what to look up"}},
         "required": ["query"]}}}
-    messages = [{"role": "system", "content": "You are a careful assistant that uses tools. " * 20},
+    messages = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": f"Task {i}: what colour is the lamp today? " * 4},
                 {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
                     "name": "lookup", "arguments": "{\"query\": \"lamp colour\"}"}}]},
@@ -149,7 +158,7 @@ async def one_client(port: int, model: str, cid: int, requests: int, out: list, 
             ttfb, total, answer = await client.call(request_body(model, cid * 1000 + n))
             if not answer.startswith(b"HTTP/1.1 200") or b"data: [DONE]" not in answer:
                 raise RuntimeError(f"a stream did not end well: {answer[:300]!r}")
-            out.append((ttfb, total))
+            out.append((ttfb, total, b"+p:" in answer))
     finally:
         transport.close()
 
@@ -171,6 +180,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="direct/proxied rounds, alternating (default 3)")
     ap.add_argument("--chunks", type=int, default=20, help="SSE chunks per answer (default 20)")
     ap.add_argument("--pace", type=float, default=0.025, help="seconds between chunks (default 0.025)")
+    ap.add_argument("--prompt", type=float, metavar="SHARE", help="also a prompt route on the system prompt, its "
+                    "candidate on SHARE of the conversations (default: none)")
     ap.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -231,6 +242,14 @@ def start(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen, subpro
     put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/agent", method="PUT", data=json.dumps(
         {"serving": "agent@v0001", "candidate": "agent@v0002", "share": 0.5}).encode())
     urllib.request.urlopen(put).read()
+    if args.prompt is not None:
+        from nightshift.schemas.prompt_identity import system_id
+
+        candidate = SYSTEM + "Check each tool result before you answer."
+        put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/prompt:{system_id([SYSTEM])}",
+                                     method="PUT", data=json.dumps({"kind": "prompt", "candidate": system_id([candidate]),
+                                                                    "system": candidate, "share": args.prompt}).encode())
+        urllib.request.urlopen(put).read()
     return upstream, proxy, up_port, proxy_port
 
 
@@ -301,7 +320,9 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
     return [
         *head,
         f"load: {args.streams} concurrent streams x {args.requests} requests x {args.rounds} round(s), "
-        f"{args.chunks} SSE chunks {1000 * args.pace:g} ms apart (~4 KB request bodies)",
+        f"{args.chunks} SSE chunks {1000 * args.pace:g} ms apart (~4 KB request bodies)"
+        + (f"; a prompt route on {100 * args.prompt:g} % of the conversations: {sum(x[2] for x in m.proxied):,} of "
+           f"{len(m.proxied):,} answers rewritten and marked" if args.prompt is not None else ""),
         *harness.table([row("direct", m.direct, m.direct_s), row("proxied", m.proxied, m.proxied_s)],
                        header=("", "TTFB p50", "TTFB p99", "total p50", "total p99", "req/s")),
         "  overhead: " + ", ".join(f"{k} {v:+.2f} ms" for k, v in over.items()),

@@ -294,3 +294,11 @@ def test_a_share_of_one_agents_conversations_gets_the_candidate_and_says_so(echo
     bad = subprocess.run([*cli, "prompt", "--from", str(folder.parent), "--share", "0", "--url", r.url],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not a stored prompt candidate" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_stream_whose_events_name_other_models_is_marked_once_each():
+    events = (b'data: {"model": "a", "x": {"model": {"type": "string"}}}\n\n'
+              b'data: {"model":"a"}\n\ndata: {"model": "b"}\n\ndata: {"model": "a"}\n\n')
+    m = StreamMarker(tag("ab12cd34ef56"))
+    out = m.feed(events[:30]) + m.feed(events[30:]) + m.flush()
+    assert out == events.replace(b'"a"', b'"a+p:ab12cd34ef56"').replace(b'"b"', b'"b+p:ab12cd34ef56"')
