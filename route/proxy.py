@@ -302,7 +302,12 @@ class Proxy:
     def _buffered(self, ex: Exchange, answer: bytes, t0: float, waited: float, name: str, version: str,
                   skipped, mark: bytes | None = None) -> web.Response:
         if mark is not None:
-            marked = mark_body(answer, mark)
+            if self._sse(ex):  # a short stream, all in before the head was answered
+                marker = StreamMarker(mark)
+                answer = marker.feed(answer) + marker.flush()
+                marked = answer if marker.marked else None
+            else:
+                marked = mark_body(answer, mark)
             if marked is None:
                 self.metrics.prompt_unmarked.inc()
             answer = marked or answer

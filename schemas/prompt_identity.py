@@ -62,7 +62,9 @@ def tool_names(tools: list[dict]) -> list[str]:
 
 def _digest(obj) -> str:
     text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:ID_LENGTH]
+    # surrogatepass: a lone surrogate (JSON's "\ud800") is text a request can carry; the route hashes it
+    # rather than fail (valid text hashes as before)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:ID_LENGTH]
 
 
 def system_id(system: list[str]) -> str:

@@ -304,3 +304,4 @@ def test_the_fuzz_campaign_short_finds_no_server_error_leak_or_traceback(tmp_pat
     # it reached every kind of answer, so "no failure" means something
     assert {"200", "400", "401", "403", "404", "405", "413", "500"} <= set(r.by_code), r.by_code
     assert r.by_kind.get("routed", 0) > 20 and r.by_kind.get("admin-path", 0) > 20
+    assert r.by_kind.get("prompt-chat", 0) > 10 and r.prompt_rewritten > 5 and r.by_kind.get("control-prompt-bad", 0)

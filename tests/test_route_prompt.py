@@ -125,6 +125,15 @@ def test_an_ambiguous_prompt_is_not_guessed(body, why):
         router.edits(m, parsed)
 
 
+def test_a_prompt_with_a_lone_surrogate_is_hashed_not_a_crash():
+    """JSON's "\\ud800" is text Python cannot encode as UTF-8: system_id raised
+    UnicodeEncodeError inside the request path (a 500 and a traceback, found by the
+    fuzz campaign); it is a prompt like any other, matching no route."""
+    router, r = PromptRouter(), _route(1.0)
+    assert router.find(read(b'{"model": "m", "messages": [{"role": "system", "content": "a\\ud800"}]}'),
+                       {r.serving: r}) is None
+
+
 def test_other_prompts_and_a_changed_prompt_do_not_match():
     router, r = PromptRouter(), _route(1.0)
     assert router.find(read(_chat([OTHER])), {r.serving: r}) is None

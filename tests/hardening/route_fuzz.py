@@ -17,13 +17,20 @@ X-Forwarded-For and the like, compressed bodies), paths (vLLM's admin routes
 spelt every way a router decodes: `%5F`, `%2F`, dot segments, doubled slashes,
 case, query strings, absolute form; unknown paths; wrong methods) and the
 control API (bad bodies, a foreign Host, a browser's Origin, tokens that are
-wrong, doubled or not UTF-8).
+wrong, doubled or not UTF-8); and prompt routes (issue 27): the agent's system
+prompt with its per-request date, in chat and Responses bodies, escaped, spaced,
+doubled, split in two messages, given as content parts, beside a routed `model`,
+streamed; prompt routes PUT with a text that is not their candidate's, names that
+are no id, texts of every wrong type.
 
 Checked on every case: the status is one the case allows; a 5xx is a failure
 unless the stand-in upstream itself answered it; a request that must be refused
 never reaches the upstream, and one that is forwarded arrives byte for byte (the
 body with only the top-level `model`'s value changed, to the version the answer
-names; the path canonical; none of the headers that must not cross). At the end:
+names; the path canonical; none of the headers that must not cross; for a
+prompt case, the system prompt's content replaced by the candidate's, its date
+put in, exactly when the answer says `X-Nightshift-Route-Prompt`, and then its
+`model` marked `+p:`; an ambiguous body never rewritten). At the end:
 the proxy's log holds no traceback, it is still healthy, and SIGTERM stops it
 with exit 0.
 """
@@ -58,6 +65,10 @@ LIMIT = 1 << 20  # the proxy's max_body_bytes in the campaign: small, so bodies 
 ROUTES = {"agent": {"serving": "agent@v0001", "candidate": "agent@v0002", "share": 0.5},
           "solo": {"serving": "solo@v0003"}}
 VERSIONS = {"agent": {"agent@v0001", "agent@v0002"}, "solo": {"solo@v0003"}}
+#: the prompt route: the agent's prompt (a template: its date is per request) and a candidate, on half
+PROMPT = "You help with orders. Today is {{date}}. Answer briefly."
+PROMPT_CANDIDATE = "You help with orders (today: {{date}}). Look the order up before you answer."
+DATES = ["2026-11-26", "26/11/2026", "Thursday, 26 November 2026", "Nov 26, 2026"]
 #: headers a client sends that must never reach the upstream
 NEVER_UP = (b"cookie", b"x-forwarded-for", b"forwarded", b"x-real-ip", b"proxy-authorization", b"x-stainless-lang",
             b"x-nightshift-route-key", b"accept-encoding")
@@ -280,6 +291,8 @@ class Case:
     span: tuple[int, int] | None = None  # where the top-level model's value lies in `body`
     upstream_target: bytes = b"/v1/chat/completions"
     upstream_5xx: bool = False  # the stand-in answers 5xx itself
+    prompt: tuple[list[tuple[int, int]], list[bytes]] | None = None  # the prompt route's edits when its candidate
+    # is put in (content spans and their new values); None: the body must never be rewritten for a prompt
     chunked: bool = False
     may_close: bool = False  # the proxy refuses before reading the upload: its answer may be lost to a reset
 
@@ -572,8 +585,71 @@ def gen_control(rng: random.Random, index: int) -> Case:
     return Case("control-delete", "DELETE", b"/nightshift/routes/" + name, [auth], b"", frozenset({200, 404}), False)
 
 
+def _prompt_id(text: str) -> str:
+    from nightshift.schemas.prompt_identity import system_id
+
+    return system_id([text])
+
+
+def gen_prompt(rng: random.Random) -> Case:
+    """Requests carrying the prompt route's prompt (or nearly), and bad prompt routes."""
+    h = _base_headers(rng)
+    date = rng.choice(DATES)
+    text = PROMPT.replace("{{date}}", date)
+    want = json.dumps(PROMPT_CANDIDATE.replace("{{date}}", date)).encode()
+    content = json.dumps(text, ensure_ascii=rng.random() < 0.5).encode()
+    what = rng.randrange(9)
+    if what <= 2:  # chat: the prompt first, a model routed or not, extra fields, streamed or not
+        model = rng.choice([b'"agent"', b'"tiny"'])
+        body, span = chat_body(rng, model)
+        head = b'{"role":' + _ws(rng) + b'"system", "content":' + _ws(rng)
+        at = body.index(b'[{"role": "system"') + 1
+        end = body.index(b"}", body.index(b'"content": ', at)) + 1
+        msg = head + content + b"}"
+        body = body[:at] + msg + body[end:]
+        if span[0] > at:
+            span = (span[0] + len(msg) - (end - at), span[1] + len(msg) - (end - at))
+        c0 = at + len(head)
+        if rng.random() < 0.3:
+            body = body[:-1] + b', "stream": true}'
+        route = "agent" if model == b'"agent"' else ""
+        return Case("prompt-chat", "POST", b"/v1/chat/completions", h, body, route=route,
+                    span=span if route else None, prompt=([(c0, c0 + len(content))], [want]))
+    if what == 3:  # the Responses API's instructions
+        pre = b'{"model": "tiny", "input": "where is my order?", "instructions":' + _ws(rng)
+        body = pre + content + b"}"
+        return Case("prompt-responses", "POST", b"/v1/responses", h, body,
+                    prompt=([(len(pre), len(pre) + len(content))], [want]), upstream_target=b"/v1/responses")
+    if what == 4:  # the prompt as two system messages: the template of both is another prompt, untouched
+        body = (b'{"model": "tiny", "messages": [{"role": "system", "content": ' + content + b'}, {"role": "system", '
+                b'"content": "Be kind."}, {"role": "user", "content": "hi"}]}')
+        return Case("prompt-two", "POST", b"/v1/chat/completions", h, body)
+    if what == 5:  # ambiguous: content as parts, a doubled content key, two messages keys: never rewritten
+        parts = json.dumps([{"type": "text", "text": text}]).encode()
+        body = rng.choice([
+            b'{"model": "tiny", "messages": [{"role": "system", "content": ' + parts + b'}]}',
+            b'{"model": "tiny", "messages": [{"role": "system", "content": "x", "content": ' + content + b'}]}',
+            b'{"model": "tiny", "messages": [], "messages": [{"role": "system", "content": ' + content + b'}]}'])
+        return Case("prompt-ambiguous", "POST", b"/v1/chat/completions", h, body)
+    if what == 6:  # the agent changed its prompt: another id, untouched
+        body = json.dumps({"model": "tiny", "messages": [{"role": "system", "content": text + " Be warm."},
+                                                         {"role": "user", "content": "hi"}]}).encode()
+        return Case("prompt-changed", "POST", b"/v1/chat/completions", h, body)
+    auth = (b"Authorization", b"Bearer " + TOKEN.encode())
+    name = b"/nightshift/routes/prompt:" + _prompt_id(f"fz {rng.random()}").encode()
+    good = {"kind": "prompt", "candidate": _prompt_id(PROMPT_CANDIDATE), "system": PROMPT_CANDIDATE, "share": 0.5}
+    bad = rng.choice([{**good, "system": PROMPT_CANDIDATE + " "}, {**good, "candidate": "zz"}, {**good, "system": 5},
+                      {**good, "system": []}, {**good, "system": [None]}, {**good, "share": "half"},
+                      {**good, "match_system": ["not it"]}, {**good, "agent": "\x00"}, {**good, "kind": "prompts"},
+                      {**good, "system": "x" * 300000}, {k: v for k, v in good.items() if k != "share"}])
+    target = rng.choice([name, name, b"/nightshift/routes/prompt:nothex", b"/nightshift/routes/prompt:"])
+    return Case("control-prompt-bad", "PUT", target, [auth], json.dumps(bad).encode(), frozenset({400}), False)
+
+
 def generate(rng: random.Random, index: int) -> Case:
     k = rng.random()
+    if k < 0.12:
+        return gen_prompt(rng)
     if k < 0.35:
         return gen_body(rng)
     if k < 0.45:
@@ -613,6 +689,7 @@ class Result:
     not_forwarded: int = 0  # requests that should have reached it and did not
     altered: int = 0  # forwarded, but not byte for byte (body, path, headers)
     tracebacks: int = 0
+    prompt_rewritten: int = 0  # prompt cases whose candidate was put in (and checked): the oracle was exercised
     healthy_after: bool = False
     exit_code: int | None = None
     wall_s: float = 0.0
@@ -628,13 +705,23 @@ def _check_forwarded(case: Case, ans: Answer, seen: Seen, upstream_host: bytes) 
         return f"routed to {version} though its model is not a route"
     if version and case.route and version not in VERSIONS[case.route]:
         return f"routed to {version}, not a version of {case.route}"
-    if version and case.span is not None:
-        s, e = case.span
-        want = case.body[:s] + json.dumps(version).encode() + case.body[e:]
-    else:
-        want = case.body
+    edits = [(*case.span, json.dumps(version).encode())] if version and case.span is not None else []
+    prompted = ans.headers.get("x-nightshift-route-prompt")
+    if prompted and case.prompt is None:
+        return f"the prompt was rewritten ({prompted}) though it must not be"
+    if prompted:
+        edits += [(s, e, v) for (s, e), v in zip(*case.prompt)]
+        marked = b"+p:" + prompted.encode() in ans.body
+        if not marked:
+            return f"the answer's model is not marked +p:{prompted}: {ans.body[:200]!r}"
+    elif b"+p:" in ans.body:
+        return "an answer not rewritten is marked"
+    want, last = b"", 0
+    for s, e, v in sorted(edits):
+        want, last = want + case.body[last:s] + v, e
+    want += case.body[last:]
     if seen.body != want and not (case.route is None and seen.body == case.body):
-        return f"the body changed beyond its model ({len(seen.body)} bytes arrived for {len(want)})"
+        return f"the body changed beyond its model and prompt ({len(seen.body)} bytes arrived for {len(want)})"
     if seen.target != case.upstream_target:
         return f"the upstream was asked for {seen.target[:100]!r}, not {case.upstream_target!r}"
     names = [k.lower() for k, _ in seen.headers]
@@ -688,6 +775,8 @@ def run_case(upstream: Upstream, proxy_port: int, case: Case, case_id: str, res:
         if problem:
             res.altered += 1
             res.failures.append(Failure(case_id, case.kind, "forwarded wrong", problem))
+        elif ans.headers.get("x-nightshift-route-prompt"):
+            res.prompt_rewritten += 1
 
 
 def start(folder: Path) -> tuple[Upstream, Proxy]:
@@ -695,7 +784,9 @@ def start(folder: Path) -> tuple[Upstream, Proxy]:
     proxy = Proxy(upstream.url, folder, ["--admin-token", TOKEN, "--upstream-api-key", UPSTREAM_KEY,
                                          "--max-body-bytes", str(LIMIT), "--read-timeout", "5",
                                          "--log-level", "info"]).start()
-    for name, route in ROUTES.items():
+    prompt = {f"prompt:{_prompt_id(PROMPT)}": {"kind": "prompt", "candidate": _prompt_id(PROMPT_CANDIDATE),
+                                               "system": PROMPT_CANDIDATE, "share": 0.5, "model": "tiny"}}
+    for name, route in {**ROUTES, **prompt}.items():
         req = urllib.request.Request(f"{proxy.url}/nightshift/routes/{name}", data=json.dumps(route).encode(),
                                      method="PUT", headers={"Authorization": f"Bearer {TOKEN}"})
         urllib.request.urlopen(req, timeout=10).read()
@@ -747,6 +838,7 @@ def report(r: Result) -> str:
         f"refused requests that reached the upstream: {r.reached_upstream}; forwarded ones that did not: "
         f"{r.not_forwarded}; forwarded but altered: {r.altered}",
         f"tracebacks in the proxy's log: {r.tracebacks}",
+        f"prompt cases rewritten to the candidate (and found right): {r.prompt_rewritten}",
         f"healthy afterwards: {r.healthy_after}; SIGTERM exit code: {r.exit_code}",
         "answers: " + ", ".join(f"{k} {v:,}" for k, v in sorted(r.by_code.items())),
         "cases by generator: " + ", ".join(f"{k} {v:,}" for k, v in sorted(r.by_kind.items())),
