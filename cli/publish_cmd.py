@@ -107,7 +107,8 @@ def add_publish(sub, common) -> None:
                        "trajectories than --min-trajectories gets a count, not an interval.",
                        epilog=epilog("", "top-level `data:`, and `train.output` (the checkpoints folder) when "
                                      "--checkpoints is not given", "NIGHTSHIFT_DATA, NIGHTSHIFT_TRAIN_OUTPUT",
-                                     "0 shown, 1 no transitions yet (run `nightshift build`), 2 bad settings"),
+                                     "0 shown, 1 no transitions yet (run `nightshift build`), 2 bad settings or "
+                                     "transitions this version cannot read"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     common(v)
     v.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder: publish order and times from its "
@@ -184,12 +185,17 @@ def _data(args: argparse.Namespace) -> str:
 def cmd_versions(args: argparse.Namespace) -> int:
     from nightshift.publish.versions import by_version, lines
 
+    from nightshift.schemas.layout import LayoutError
+
     setup_logging(args.log_level or "warning", args.log_format)
     checkpoints = args.checkpoints
     if not checkpoints and (args.config or os.environ.get("NIGHTSHIFT_TRAIN_OUTPUT")):
         checkpoints = train_settings(args).output
     try:
         stats = by_version(_data(args), args.since or "", args.min_trajectories, checkpoints=checkpoints)
+    except LayoutError as e:  # a newer schema version or a missing column: the data is wrong, not absent
+        say(f"nightshift versions: {e}", args.log_format)
+        return 2
     except (FileNotFoundError, OSError) as e:  # versions.NoTransitions says what to run
         say(f"nightshift versions: {e}", args.log_format)
         return 1

@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from nightshift.schemas import layout
+
 from . import registry
 
 #: Fewer rewarded trajectories than this and a version gets no interval, only a count.
@@ -68,6 +70,7 @@ MIN_PER_DAY = 5
 TRIM = 0.01
 WEEK_HOURS = 168
 VERSION_NAME = re.compile(r"^v\d+$")  # what `transform.calls.policy_version` writes
+READER = "nightshift versions"
 
 
 class NoTransitions(FileNotFoundError):
@@ -75,8 +78,10 @@ class NoTransitions(FileNotFoundError):
 
 
 def calls(data: str, since: str = "", storage_options: dict | None = None) -> pl.DataFrame:
-    """The columns of the transitions dataset this module reads, one scan, one row per call."""
-    tr = pl.scan_parquet(f"{data.rstrip('/')}/transitions/**/*.parquet", hive_partitioning=True,
+    """The columns of the transitions dataset this module reads, one scan, one row per call;
+    every file checked first (`layout.LayoutError`: its version, the columns schemas/ declares)."""
+    layout.check_dataset(data, layout.TRANSITIONS, READER, storage_options)
+    tr = pl.scan_parquet(layout.files(data, layout.TRANSITIONS), hive_partitioning=True,
                          storage_options=storage_options or None, missing_columns="insert")
     if since:
         tr = tr.filter(pl.col("start_time") >= pl.lit(since).str.to_datetime(time_zone="UTC"))

@@ -149,3 +149,22 @@ def test_build_reads_spans_holding_only_the_columns_it_declares(tmp_path, capsys
         _only(p, "spans", "nightshift build")
     assert main(["build", "--data", str(data), "--quiet", "--settle", "0"]) == 0, capsys.readouterr().err
     assert len(list((data / "transitions").rglob("*.parquet"))) == 1
+
+
+
+@pytest.mark.parametrize("spoil", ["future", "missing"])
+def test_versions_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(tmp_path, capsys, spoil):
+    data, spoiled = _transitions(tmp_path)
+    _rewrite(spoiled, **({"version": FUTURE} if spoil == "future" else {"drop": "policy_version"}))
+    assert main(["versions", "--data", str(data)]) == 2
+    said = _one_sentence(capsys.readouterr().err, spoiled)
+    assert ("transitions schema version 99" in said if spoil == "future"
+            else "lacks the column(s) policy_version that nightshift versions needs" in said)
+
+
+def test_versions_reads_transitions_holding_only_the_columns_it_declares(tmp_path, capsys):
+    data, _ = _transitions(tmp_path)
+    for p in sorted((data / "transitions").rglob("*.parquet")):
+        _only(p, "transitions", "nightshift versions")
+    assert main(["versions", "--data", str(data)]) == 0, capsys.readouterr().err
+
