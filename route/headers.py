@@ -5,7 +5,10 @@ To the upstream, an allow-list: the upstream trusts the proxy (it may hold
 default), so a client's header goes on only when the upstream needs it to answer:
 
     Content-Type, Accept            what the body is and what the client reads
-    Authorization                   the client's, unless upstream_api_key replaces it
+    Authorization                   the client's, unless upstream_api_key replaces it: in front of a
+                                    hosted API each agent's own key goes on as it came, byte for byte,
+                                    and the proxy never logs or stores it (nor any header's value: a
+                                    malformed one is logged by its name, server.why_malformed)
     traceparent, tracestate,        the agent's trace, so vLLM's own spans join it
     baggage
     X-Request-Id                    vLLM echoes it (--enable-request-id-headers)

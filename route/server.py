@@ -14,6 +14,7 @@ import gc
 import ipaddress
 import json
 import logging
+import re
 import signal
 import ssl
 
@@ -36,18 +37,36 @@ class StartupError(RuntimeError):
     """The proxy cannot start; the message says why, in one sentence."""
 
 
+_QUOTED = re.compile(r"""\s*:?\s*b?(['"]).*""", re.DOTALL)
+_HEADER = re.compile(r"""b?['"]([A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}):""")
+
+
+def why_malformed(message: str) -> str:
+    """aiohttp's reason for refusing a request, without the bytes it quotes: they are
+    the client's (an agent's `Authorization: Bearer sk-...` with a stray control
+    character was written to the log whole); the header's name is kept."""
+    text = " ".join(str(message).split())
+    m = _QUOTED.search(text)
+    if m is None:
+        return text[:200]
+    name = _HEADER.match(text[m.start():].lstrip(": "))
+    return text[:m.start()][:200] + (f" (in the {name.group(1)} header; what was sent is not logged)" if name
+                                     else " (what was sent is not logged)")
+
+
 class _ClientErrorsInOneLine(logging.Filter):
     """aiohttp logs a malformed request (a bad request line, a header too long, a
     path that is not UTF-8) with a traceback at ERROR, though it is the client's
     error and already answered 400: one line at INFO says it, and a traceback in
-    the log stays the sign of a bug in the proxy."""
+    the log stays the sign of a bug in the proxy. The line says why, never what the
+    client sent (`why_malformed`): that may be its credentials."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError) and (exc.code or 400) < 500:
             record.msg, record.args = "refused a malformed request from %s: %s", (
                 record.args[0] if isinstance(record.args, tuple) and record.args else "?",
-                " ".join(str(exc.message).split())[:200])
+                why_malformed(exc.message))
             record.exc_info, record.exc_text = None, None
             record.levelno, record.levelname = logging.INFO, "INFO"
         return record.levelno >= logging.getLogger().getEffectiveLevel()

@@ -9,9 +9,11 @@ say which prompt the model saw (`+p:<version>` on their `model`)."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -286,6 +288,17 @@ def test_a_share_of_one_agents_conversations_gets_the_candidate_and_says_so(echo
     seen = doc["prompts"][f"prompt:{MATCH}"]
     assert seen["changed"] == system_id([(AGENT_T + " Be warm.")]) and seen["rewritten"] >= 30
     assert r.log().count("it does not match; if the agent changed its own prompt") == 1
+    # a malformed Authorization (a stray control character) is refused by the HTTP parser, whose message quoted
+    # the header whole into the log: now the reason and the header's name only
+    for bad in (b"Bearer " + SECRET.encode() + b"\x01", b"Bearer " + SECRET.encode() + b"x" * 9000):
+        with socket.create_connection(("127.0.0.1", r.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + bad +
+                         b"\r\nContent-Length: 2\r\n\r\n{}")
+            assert b" 400 " in sock.recv(100)
+    deadline = time.time() + 10
+    while r.log().count("refused a malformed request") < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert "in the Authorization header; what was sent is not logged" in r.log()
     # the agent's key is in no log line and not in the route table's file
     assert SECRET not in r.log() and SECRET not in r.state.read_text()
     assert r.metric("nightshift_route_prompt_decisions_total", route=f"prompt:{MATCH}", arm="candidate") > 0
