@@ -313,14 +313,15 @@ def _bucket_of(trace: pl.Expr, buckets: int) -> pl.Expr:
     return (trace.hash(seed=7) % buckets).cast(pl.Int64)
 
 
-def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, bad: list[str]) -> list[str]:
+def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, bad: list[str],
+           tag: str = "") -> list[str]:
     """First pass when the window exceeds the budget: each span file's rows go to
     the bucket file of their trace (only the columns the build reads), read in
     batches of about `batch_bytes` decompressed, so this pass is bounded too."""
     _enough_files(buckets + 64)
     writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
     schemas: dict[int, pa.Schema] = {}
-    paths = [os.path.join(tmp, f"bucket-{b:04d}.arrow") for b in range(buckets)]
+    paths = [os.path.join(tmp, f"bucket-{b:04d}{tag}.arrow") for b in range(buckets)]
     try:
         for src in files:
             for group in _row_groups(fs, src, SPAN_COLUMNS, bad):
@@ -375,9 +376,14 @@ def _enough_files(n: int) -> None:
         pass
 
 
-def _read_bucket(path: str) -> pl.DataFrame:
-    with pa.ipc.open_file(path) as f:
-        return pl.from_arrow(f.read_all()).rechunk()  # one chunk: the split wrote many small batches
+def _read_bucket(paths: list[str]) -> pl.DataFrame:
+    """A bucket's pieces (one per run of files split), in the runs' order."""
+    tables = []
+    for path in paths:
+        with pa.ipc.open_file(path) as f:
+            tables.append(f.read_all())
+    # one chunk: the split wrote many small batches
+    return pl.from_arrow(pa.concat_tables(tables, promote_options="default")).rechunk()
 
 
 def _feedback(fs, root: str, files: dict[str, str]) -> pl.DataFrame:
@@ -497,7 +503,7 @@ class _Job:
 
     bucket: int
     sources: list[_Source]
-    split: str
+    split: list[str]
     scratch: str
 
 
@@ -513,6 +519,67 @@ class _Done:
     counts: C.Counts
     seen: incremental.Seen | None
     worker: tuple[str, int] | None = None  # (process, peak RSS) when built away from the driver
+
+
+@dataclass
+class _SplitJob:
+    """A run of span files to split into the buckets' pieces (named by the run)."""
+
+    index: int
+    sources: list[_Source]
+    buckets: int
+    scratch: str
+    batch_bytes: int
+    data: str = ""
+    storage_options: dict = field(default_factory=dict)
+
+
+def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], list[str]]:
+    """The split of one run of files: each bucket's piece, and what could not be read."""
+    fs, _ = fsspec.core.url_to_fs(job.data, **job.storage_options)
+    bad: list[str] = []
+    paths = _split(fs, job.sources, job.buckets, job.scratch, job.batch_bytes, bad, tag=f"-{job.index:05d}")
+    return {b: p for b, p in enumerate(paths) if p}, bad
+
+
+def _runs(sources: list[_Source], n: int) -> list[list[_Source]]:
+    """`sources` in `n` contiguous runs of about the same count (fewer if fewer files)."""
+    n = max(1, min(n, len(sources)))
+    size, extra = divmod(len(sources), n)
+    out, at = [], 0
+    for i in range(n):
+        k = size + (1 if i < extra else 0)
+        out.append(sources[at:at + k])
+        at += k
+    return [r for r in out if r]
+
+
+@dataclass
+class _DayJob:
+    """A date's partition to stage: its frames' spill files and their advantages."""
+
+    day: str
+    frames: list[tuple[int, str]]
+    advantages: spill.Advantages
+    folder: str
+
+
+def _day_tables(frames: list[tuple[int, str]], adv: spill.Advantages) -> Iterator[pa.Table]:
+    for part, path in frames:
+        yield pool.with_advantages(spill.read_ipc(path), adv.of(part))
+
+
+def stage_day(job: _DayJob, shared: object = None) -> int:
+    """A date's partition written beside the output, not yet in place (a Ray task)."""
+    return output.stage(_day_tables(job.frames, job.advantages), job.folder)
+
+
+def _engine_run(engine: distributed.Engine, work, jobs: list, cfg: TransformConfig, shared: object = None,
+                tick=lambda: None) -> list:
+    try:
+        return engine.run(work, jobs, shared, tick)
+    except distributed.EngineError as e:
+        raise BuildError(str(e)) from None
 
 
 def _phase(summary: Summary, name: str, since: float) -> float:
@@ -965,23 +1032,37 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         tmp = tempfile.mkdtemp(prefix=".build-", dir=out_root)
     else:
         tmp = tempfile.mkdtemp(prefix="nightshift-build-")
+    engine = distributed.Engine(cfg.build)
     try:
         from tqdm import tqdm
 
+        try:
+            engine.__enter__()
+        except distributed.EngineError as e:
+            raise BuildError(str(e)) from None
         bar = tqdm(total=buckets, unit="bucket", desc="build", disable=not progress)
         clock = time.perf_counter()
         if buckets == 1:
-            jobs = [_Job(0, reads, "", tmp)]
+            jobs = [_Job(0, reads, [], tmp)]
         else:
             bar.set_description("split")
-            split = _split(fs, reads, buckets, tmp, cfg.memory_budget // int(OVERHEAD), summary.unreadable)
-            jobs = [_Job(b, [], p, tmp) for b, p in enumerate(split) if p]
+            # files in contiguous runs, one task each: the pieces, read in run order, keep the files' order
+            runs = _runs(reads, 2 * engine.cpus if engine.remote else 1)
+            pieces: dict[int, list[str]] = defaultdict(list)
+            for got, bad in _engine_run(engine, split_files, [
+                    _SplitJob(i, run, buckets, tmp, cfg.memory_budget // int(OVERHEAD), cfg.data,
+                              cfg.storage_options or {}) for i, run in enumerate(runs)],
+                    cfg):
+                summary.unreadable += bad
+                for b, path in got.items():
+                    pieces[b].append(path)
+            jobs = [_Job(b, [], pieces[b], tmp) for b in sorted(pieces)]
             clock = _phase(summary, "split", clock)
+        if engine.remote and len(jobs) < engine.cpus:
+            log.warning("%d bucket(s) of traces for %d Ray CPUs: set build.buckets (e.g. %d) to use them all",
+                        len(jobs), engine.cpus, 2 * engine.cpus)
         bar.set_description("build")
-        try:
-            done = distributed.run(cfg.build, run_bucket, jobs, shared, lambda: bar.update(1))
-        except distributed.EngineError as e:
-            raise BuildError(str(e)) from None
+        done = _engine_run(engine, run_bucket, jobs, cfg, shared, lambda: bar.update(1))
         clock = _phase(summary, "buckets", clock)
         bar.close()
         ctx = _Ctx(cfg, now_ns, since, until, shared.feedback, logs, [], None, None, summary, C.Counts(),
@@ -1019,13 +1100,16 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             and (not until or dt.date.fromisoformat(d) <= until)}
         if plan is not None and dates is None:  # transitions are made from spans: a date without any has none
             window_days = window_days | set(inputs.partitions)
-        for day in sorted(window_days | set(held)):
-
-            def tables(day=day):
-                for part, path in held.get(day, []):
-                    yield pool.with_advantages(spill.read_ipc(path), adv.of(part))
-
-            n = output.write_partition(fs, out_root, day, tables())
+        days = sorted(window_days | set(held))
+        if engine.remote and output.is_local(fs):  # each date staged by a worker, committed here, one by one
+            staged = _engine_run(engine, stage_day, [_DayJob(day, held.get(day, []), adv, os.path.join(tmp, f"stage-{day}"))
+                                                     for day in days], cfg)
+        for i, day in enumerate(days):
+            if engine.remote and output.is_local(fs):
+                n = staged[i]
+                output.commit(out_root, day, os.path.join(tmp, f"stage-{day}"), n)
+            else:
+                n = output.write_partition(fs, out_root, day, _day_tables(held.get(day, []), adv))
             held.pop(day, None)
             summary.transitions += n
             if n or day in window_days:
@@ -1037,6 +1121,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                 summary.repooled.append(day)
         _phase(summary, "partitions", clock)
     finally:
+        engine.__exit__(None, None, None)
         shutil.rmtree(tmp, ignore_errors=True)
     if plan is not None:
         inputs.partitions = _partitions(fs, out_root)

@@ -42,16 +42,40 @@ class EngineError(RuntimeError):
     """Ray asked for and not installed, or its cluster not reachable (one sentence)."""
 
 
-def run(settings, work: Callable[[J, object], D], jobs: list[J], shared: object,
-        tick: Callable[[], None] = lambda: None) -> list[D]:
-    """`work(job, shared)` for every job, results in the jobs' order."""
-    if settings.engine != "ray":
-        out = []
-        for job in jobs:
-            out.append(work(job, shared))
-            tick()
-        return out
-    return _on_ray(settings, work, jobs, shared, tick)
+class Engine:
+    """Runs `work(job, shared)` for each job, results in the jobs' order: in this
+    process, or as Ray tasks on a cluster joined (or started) for the engine's life,
+    so a build's several rounds of tasks (split, buckets, partitions) share it."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.remote = settings.engine == "ray"
+        self.cpus = 1  # how many jobs run at once
+        self._started = False
+
+    def __enter__(self) -> "Engine":
+        if self.remote:
+            self._started = _init(self.settings)
+            import ray
+
+            self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._started:
+            import ray
+
+            ray.shutdown()
+
+    def run(self, work: Callable[[J, object], D], jobs: list[J], shared: object = None,
+            tick: Callable[[], None] = lambda: None) -> list[D]:
+        if not self.remote:
+            out = []
+            for job in jobs:
+                out.append(work(job, shared))
+                tick()
+            return out
+        return _on_ray(work, jobs, shared, tick)
 
 
 def _reachable(address: str) -> str:
@@ -109,37 +133,30 @@ def _init(settings) -> bool:
 
 
 def _remote(work, job, shared):
-    """A bucket in a Ray worker, with the worker's peak memory for the summary."""
+    """A job in a Ray worker, with the worker's peak memory for the summary."""
     done = work(job, shared)
-    done.worker = (f"{socket.gethostname()}:{os.getpid()}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if hasattr(done, "worker"):
+        done.worker = (f"{socket.gethostname()}:{os.getpid()}",
+                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return done
 
 
-def _on_ray(settings, work, jobs, shared, tick):
-    started = _init(settings)
+def _on_ray(work, jobs, shared, tick):
     import ray
 
-    try:
-        cpus = int(ray.cluster_resources().get("CPU", 0))
-        if len(jobs) < cpus:
-            log.warning("%d bucket(s) of traces for %d Ray CPUs: set build.buckets (e.g. %d) to use them all",
-                        len(jobs), cpus, 2 * cpus)
-        task = ray.remote(num_cpus=1, max_retries=RETRIES)(_remote)
-        shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
-        refs = {task.remote(work, job, shared_ref): i for i, job in enumerate(jobs)}
-        out: list = [None] * len(jobs)
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            try:
-                out[refs[ready[0]]] = ray.get(ready[0])
-            except ray.exceptions.RayTaskError as e:  # the bucket's own error, as the local engine raises it
-                raise e.as_instanceof_cause() from None
-            except ray.exceptions.RayError as e:  # its worker died more often than it was retried
-                raise EngineError(f"bucket {refs[ready[0]] + 1} of {len(jobs)} failed on Ray after {RETRIES} "
-                                  f"retries ({type(e).__name__}); nothing was written: {str(e).splitlines()[0]}") from None
-            tick()
-        return out
-    finally:
-        if started:
-            ray.shutdown()
+    task = ray.remote(num_cpus=1, max_retries=RETRIES)(_remote)
+    shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
+    refs = {task.remote(work, job, shared_ref): i for i, job in enumerate(jobs)}
+    out: list = [None] * len(jobs)
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            out[refs[ready[0]]] = ray.get(ready[0])
+        except ray.exceptions.RayTaskError as e:  # the job's own error, as the local engine raises it
+            raise e.as_instanceof_cause() from None
+        except ray.exceptions.RayError as e:  # its worker died more often than it was retried
+            raise EngineError(f"task {refs[ready[0]] + 1} of {len(jobs)} failed on Ray after {RETRIES} retries "
+                              f"({type(e).__name__}); nothing was committed: {str(e).splitlines()[0]}") from None
+        tick()
+    return out

@@ -48,30 +48,13 @@ def repair(fs: fsspec.AbstractFileSystem, root: str) -> None:
 def write_partition(fs: fsspec.AbstractFileSystem, root: str, date: str, tables: Iterable[pa.Table]) -> int:
     """Replace `<root>/date=<date>/` with the given tables (in order; none: the
     partition is removed). Returns the rows written."""
-    part = layout.partition(date)
+    part = f"date={date}"
     final = f"{root}/{part}"
-    rows = 0
     if is_local(fs):
         os.makedirs(root, exist_ok=True)
-        tmp = os.path.join(root, f".new-{uuid.uuid4().hex[:8]}-{part}")
-        os.makedirs(tmp)
-        rows = _write(tables, os.path.join(tmp, FILE), None)
-        if rows == 0:
-            shutil.rmtree(tmp)
-            if os.path.exists(final):
-                old = os.path.join(root, f".old-{uuid.uuid4().hex[:8]}-{part}")
-                os.rename(final, old)
-                shutil.rmtree(old, ignore_errors=True)
-            return 0
-        fsync(tmp)
-        if os.path.exists(final):
-            old = os.path.join(root, f".old-{uuid.uuid4().hex[:8]}-{part}")
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        fsync(root)
+        staged = os.path.join(root, f".new-{uuid.uuid4().hex[:8]}-{part}")
+        rows = stage(tables, staged)
+        commit(root, date, staged, rows)
         return rows
     rows = _write(tables, f"{final}/{FILE}", fs)
     existing = fs.ls(final, detail=False) if fs.exists(final) else []
@@ -81,6 +64,39 @@ def write_partition(fs: fsspec.AbstractFileSystem, root: str, date: str, tables:
     if rows == 0 and fs.exists(f"{final}/{FILE}"):
         fs.rm(f"{final}/{FILE}")
     return rows
+
+
+def stage(tables: Iterable[pa.Table], folder: str) -> int:
+    """A local partition written into `folder` (on the output's disk), durable, not yet
+    in place: a Ray worker can stage a date while the driver alone commits. Returns
+    the rows written (0: nothing staged)."""
+    os.makedirs(folder, exist_ok=True)
+    rows = _write(tables, os.path.join(folder, FILE), None)
+    if rows:
+        fsync(folder)
+    return rows
+
+
+def commit(root: str, date: str, staged: str, rows: int) -> None:
+    """Swap a staged partition in (two renames; a crash between them is repaired by
+    the next build), or, with no rows, remove the partition."""
+    part = f"date={date}"
+    final = f"{root}/{part}"
+    if rows == 0:
+        shutil.rmtree(staged, ignore_errors=True)
+        if os.path.exists(final):
+            old = os.path.join(root, f".old-{uuid.uuid4().hex[:8]}-{part}")
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        return
+    if os.path.exists(final):
+        old = os.path.join(root, f".old-{uuid.uuid4().hex[:8]}-{part}")
+        os.rename(final, old)
+        os.rename(staged, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staged, final)
+    fsync(root)
 
 
 def _write(tables: Iterable[pa.Table], path: str, fs) -> int:
