@@ -183,7 +183,7 @@ def _data(args: argparse.Namespace) -> str:
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    from nightshift.publish.versions import by_version, lines
+    from nightshift.judge.versions import by_version, lines
 
     from nightshift.schemas.layout import LayoutError
 
@@ -208,7 +208,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from nightshift.publish.publish import PublishError
     from nightshift.publish.vllm_client import VLLMError
     from nightshift.publish.registry import RegistryError
-    from nightshift.publish.watch import watch
+    from nightshift.judge.watch import watch
     from nightshift.route.client import RouteError
 
     setup_logging(args.log_level or "warning", args.log_format)

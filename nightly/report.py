@@ -32,10 +32,10 @@ def _daily_reward(data: str) -> list[tuple[str, float, int]]:
 
 
 def _versions(data: str, checkpoints: str | None = None):
-    """`publish.versions.by_version` (publish order and registry facts when `checkpoints`
+    """`judge.versions.by_version` (publish order and registry facts when `checkpoints`
     is given), or None when there are no transitions yet."""
     try:
-        from nightshift.publish.versions import by_version
+        from nightshift.judge.versions import by_version
 
         return by_version(data, checkpoints=checkpoints)
     except Exception:  # noqa: BLE001 - no transitions yet: the plot and the section say so
@@ -49,7 +49,8 @@ def rolled_back(checkpoints: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     if not checkpoints:
         return out
-    from nightshift.publish import gatelog, registry
+    from nightshift.judge import gatelog
+    from nightshift.publish import registry
 
     for e in registry.read_lenient(checkpoints)[0]:
         if e.get("rollback_of"):
@@ -68,7 +69,8 @@ def state_notes(checkpoints: str | None) -> list[str]:
     `published.json`, lines of `gate-log.jsonl`."""
     if not checkpoints:
         return []
-    from nightshift.publish import gatelog, registry
+    from nightshift.judge import gatelog
+    from nightshift.publish import registry
 
     notes = registry.read_lenient(checkpoints)[1]
     bad = gatelog.read(checkpoints)[1]
@@ -85,7 +87,7 @@ def _plot_versions(ax, stats, rolled: dict[str, str]) -> None:
     weekly shape; rolled-back versions shaded red."""
     from matplotlib.lines import Line2D
 
-    from nightshift.publish.versions import ALL, MIN_TRAJECTORIES
+    from nightshift.judge.versions import ALL, MIN_TRAJECTORIES
 
     rows = [s for s in (stats or []) if s.agent == ALL]
     if not rows:
@@ -223,7 +225,7 @@ def markdown(run: dict, history: list[dict], png_name: str) -> str:
             lines.append(f"| {k} | {_cell(cm.get(k))} | {_serving_cell(k, pm.get(k))} |")
         lines.append("")
     if g.get("command"):
-        from nightshift.publish.gate import command_how, command_verdict
+        from nightshift.judge.gate import command_how, command_verdict
 
         c = g["command"]
         lines += ["## Your evaluation command", "", f"**{command_verdict(c)}** ({command_how(c)}): "
@@ -266,9 +268,9 @@ def history_entry(run: dict) -> dict:
 
 
 def versions_lines(data: str, checkpoints: str | None = None) -> list[str]:
-    """The production reward of each version (publish/versions.py), for the report;
+    """The production reward of each version (judge/versions.py), for the report;
     with `checkpoints`, in publish order, with unknown and deleted versions said."""
-    from nightshift.publish.versions import lines
+    from nightshift.judge.versions import lines
 
     stats = _versions(data, checkpoints)
     return lines(stats) if stats else []
@@ -281,7 +283,7 @@ def write(run: dict, history: list[dict], data: str, out_dir: str | Path, *,
     versions' publish order, serving times and rollbacks (without it, version order
     and no rollback marks). The "Reward by version" section is read afresh here;
     `run["versions"]` is its fallback."""
-    from nightshift.publish.versions import lines
+    from nightshift.judge.versions import lines
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -301,7 +303,7 @@ def write(run: dict, history: list[dict], data: str, out_dir: str | Path, *,
 def read_history(path: Path) -> list[dict]:
     """The runs so far (`runs.jsonl`, appended once per run): a line that cannot be
     read (a torn last line, a hand edit) is skipped, not the report."""
-    from nightshift.publish.gatelog import read_lines
+    from nightshift.judge.gatelog import read_lines
 
     def usable(h: dict) -> bool:
         return isinstance(h.get("run_id"), str) and all(

@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nightshift.publish import registry
-from nightshift.publish.gatelog import append_line
+from nightshift.judge.gatelog import append_line
 from nightshift.settings import invalid, setting, validate
 from nightshift.storage import write_atomic
 from nightshift.trainer.checkpoint import is_local, read_manifest, versions
 from nightshift.trainer.config import TrainConfig
-from nightshift.publish.gate import GateSettings
+from nightshift.judge.gate import GateSettings
 from nightshift.publish.canary import CanarySettings
 from nightshift.publish.publish import PublishSettings, RouteUnavailable
-from nightshift.publish.watch import WatchSettings
+from nightshift.judge.watch import WatchSettings
 
 log = logging.getLogger("nightshift.nightly")
 
@@ -190,7 +190,7 @@ def _watch(data: str, checkpoints: str, n: NightlyConfig) -> list[str]:
     """The production watch, before training starts from what serves: a version
     that turned out worse is rolled back first, a canary stopped or promoted.
     Never stops the night: a failed watch is reported and the version stays."""
-    from nightshift.publish.watch import watch
+    from nightshift.judge.watch import watch
 
     try:
         _, out = watch(data, checkpoints, n, n.watch, n.canary)
@@ -228,7 +228,7 @@ def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetim
 def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress) -> tuple[int, dict]:
     from nightshift.transform.build import BuildError, build
 
-    from nightshift.publish.gate import gate
+    from nightshift.judge.gate import gate
     from nightshift.publish.publish import publish
     from nightshift.trainer.run import train
     from nightshift.trainer.select import TrainDataError

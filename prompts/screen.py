@@ -1,6 +1,6 @@
 """Offline screening: the user's own evaluation, run on each candidate before any
 production traffic sees it, through the weight gate's hook and contract
-(publish/gate.py): a shell command that exits 0 to pass, with the candidate
+(judge/gate.py): a shell command that exits 0 to pass, with the candidate
 named in the environment, and whose last stdout line, when JSON, is its result.
 
 For a prompt the environment names folders of the same shape:

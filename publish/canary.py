@@ -1,6 +1,6 @@
 """Canary publishing: a new version takes a share of the conversations beside the
 one serving, through the routing proxy (`nightshift route`), until production has
-judged it: the watch (publish/watch.py) then promotes it to all traffic or stops
+judged it: the watch (judge/watch.py) then promotes it to all traffic or stops
 it. Agents are not changed: they ask for the stable name, and the proxy sends
 each conversation, stickily, to one version or the other.
 

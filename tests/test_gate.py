@@ -12,7 +12,7 @@ import pytest
 
 from nightshift.settings import apply
 from nightshift.trainer.config import TrainConfig
-from nightshift.publish.gate import GateSettings, gate, valid_output
+from nightshift.judge.gate import GateSettings, gate, valid_output
 
 
 @pytest.fixture(scope="module")

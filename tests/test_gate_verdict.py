@@ -12,7 +12,7 @@ from dataclasses import asdict
 import pytest
 
 from nightshift.nightly import report
-from nightshift.publish.gate import GateSettings, gate
+from nightshift.judge.gate import GateSettings, gate
 from nightshift.trainer.config import TrainConfig
 
 
@@ -55,7 +55,7 @@ def test_the_report_of_a_candidate_the_check_turned_down_says_no_not_failed(cand
 
 
 def test_an_old_gate_log_entry_without_a_verdict_is_read_by_its_exit_code():
-    from nightshift.publish.gate import command_how, command_verdict
+    from nightshift.judge.gate import command_how, command_verdict
 
     assert [command_verdict({"exit": c}) for c in (0, 1, 2, -9, None)] == [
         "passed", "said no", "failed", "failed", "failed"]

@@ -23,10 +23,13 @@ STAGES: dict[str, set[str]] = {
     "route": {"schemas", "settings", "storage"},
     "prompts": {"schemas", "settings", "storage"},
     "publish": {"schemas", "settings", "storage", "trainer", "route"},
+    # judging acts through publish (a rollback, a canary stopped or promoted), so it
+    # comes after it: publish/ puts versions in front of agents and never asks why
+    "judge": {"schemas", "settings", "storage", "trainer", "route", "prompts", "publish"},
     "serve": {"schemas", "settings", "storage", "trainer"},
-    "nightly": {"schemas", "settings", "storage", "transform", "trainer", "route", "publish"},
-    "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "serve", "route", "prompts",
-            "nightly"},
+    "nightly": {"schemas", "settings", "storage", "transform", "trainer", "route", "prompts", "publish", "judge"},
+    "cli": {"schemas", "settings", "storage", "collector", "transform", "trainer", "publish", "judge", "serve", "route",
+            "prompts", "nightly"},
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 from nightshift.settings import apply
 from nightshift.publish import registry
 from nightshift.trainer.config import TrainConfig
-from nightshift.publish.gate import GateSettings, gate
+from nightshift.judge.gate import GateSettings, gate
 from nightshift.trainer.run import train
 from traces import Trace, genai_call, write_spans
 from transitions_data import row, write

@@ -72,7 +72,7 @@ def test_reward_interval_and_what_is_left_out(tmp_path):
     (v,) = a.versions
     assert (v.calls, v.trajectories, v.rated, v.nonfinite) == (44, 44, 40, 1)
     assert v.binary and v.mean == pytest.approx(0.6)
-    from nightshift.publish.versions import interval as adapters_interval
+    from nightshift.judge.versions import interval as adapters_interval
 
     assert (v.low, v.high) == pytest.approx(adapters_interval([1.0] * 24 + [0.0] * 16, True))
     assert (v.low, v.high) == pytest.approx(interval([1.0] * 24 + [0.0] * 16, True))

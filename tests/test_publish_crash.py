@@ -148,7 +148,7 @@ def test_a_canary_start_stop_or_promotion_killed_at_any_step_leaves_server_proxy
 
     from nightshift.publish import canary
     from nightshift.publish.publish import PublishSettings, publish
-    from nightshift.publish.watch import watch
+    from nightshift.judge.watch import watch
 
     s, name = server, "can"
     (tmp_path / "logs").mkdir()

@@ -211,7 +211,7 @@ def test_the_report_reads_past_a_torn_gate_log_and_the_next_decision_is_not_glue
     """Invalid UTF-8 in gate-log.jsonl was a traceback in the nightly report; an append
     after a torn last line was glued to it, and both were lost."""
     from nightshift.nightly import report
-    from nightshift.publish import gatelog
+    from nightshift.judge import gatelog
 
     decision = {"kind": "watch", "candidate": "v0002", "rolled_back_to": "v0001", "p_value": 0.001}
     (tmp_path / "gate-log.jsonl").write_bytes(json.dumps(decision).encode() + b"\n{\"cand\xffidate\": 1}\n"

@@ -19,9 +19,9 @@ import pytest
 
 from nightshift.publish import registry
 from nightshift.publish.publish import PublishError, publish, rollback
-from nightshift.publish.versions import (ALL, BASE, by_version, calls, chi2_sf, lines, trajectory_rewards,
+from nightshift.judge.versions import (ALL, BASE, by_version, calls, chi2_sf, lines, trajectory_rewards,
                                          weekly_shape)
-from nightshift.publish.watch import rewards_of
+from nightshift.judge.watch import rewards_of
 from transitions_data import row, write
 
 UTC = dt.timezone.utc

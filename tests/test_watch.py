@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from nightshift.publish import registry
-from nightshift.publish.versions import by_version, interval, lines
+from nightshift.judge.versions import by_version, interval, lines
 from nightshift.publish.canary import CanarySettings
-from nightshift.publish.watch import WatchSettings, canary_action, judge, radius
+from nightshift.judge.watch import WatchSettings, canary_action, judge, radius
 from transitions_data import row, write
 
 
@@ -209,7 +209,7 @@ def _arms(start: dt.datetime, n: int, p_base: float, p_canary: float, seed: int 
 
 def test_a_canary_is_judged_by_the_agents_clock_not_the_publishers(tmp_path):
     from nightshift.nightly.run import NightlyConfig
-    from nightshift.publish.watch import watch
+    from nightshift.judge.watch import watch
 
     published = dt.datetime(2026, 11, 20, 15, tzinfo=dt.timezone.utc)
     _canary_entry(tmp_path / "ck", published, str(tmp_path / "ck" / "v0002"))
@@ -228,7 +228,7 @@ def test_a_canary_whose_folder_was_deleted_is_ended_not_promoted(tmp_path):
     import loop
 
     from nightshift.nightly.run import NightlyConfig
-    from nightshift.publish.watch import watch
+    from nightshift.judge.watch import watch
     from nightshift.route.client import RouteClient
 
     (tmp_path / "logs").mkdir()
@@ -258,7 +258,7 @@ def test_a_canary_whose_version_already_serves_is_closed_as_promoted_not_judged(
     unloading the adapter that serves; the watch closes it as promoted instead."""
     from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import publish
-    from nightshift.publish.watch import watch
+    from nightshift.judge.watch import watch
     from nightshift.route.client import RouteClient
 
     sys.path.insert(0, str(Path(__file__).resolve().parent / "hardening"))

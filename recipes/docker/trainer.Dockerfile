@@ -32,6 +32,7 @@ COPY collector/ collector/
 COPY transform/ transform/
 COPY trainer/ trainer/
 COPY publish/ publish/
+COPY judge/ judge/
 COPY serve/ serve/
 COPY route/ route/
 COPY nightly/ nightly/

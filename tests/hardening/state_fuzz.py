@@ -471,7 +471,7 @@ def _report(t: Target, s: Summary, case_id: str, case: Case, full: bool) -> None
 
 
 def _gatelog_case(t: Target, s: Summary, case_id: str, case: Case, full_report: bool) -> None:
-    from nightshift.publish import gatelog
+    from nightshift.judge import gatelog
 
     (t.ck / "gate-log.jsonl").write_bytes(case.body)
     _report(t, s, case_id, case, full_report)

@@ -50,17 +50,18 @@ from dataclasses import dataclass
 import fsspec
 import polars as pl
 
+from nightshift.publish import canary as canaries
+from nightshift.publish import registry
+from nightshift.publish.publish import rollback
+from nightshift.publish.recover import reconcile
 from nightshift.route.client import RouteClient
 from nightshift.settings import setting
 from nightshift.trainer.checkpoint import MANIFEST
 
-from . import canary as canaries
-from . import gatelog, registry
-from .publish import rollback
-from .recover import reconcile
+from . import gatelog
 from .versions import BASE, NoTransitions, calls, trajectory_rewards
 
-log = logging.getLogger("nightshift.publish.watch")
+log = logging.getLogger("nightshift.judge.watch")
 
 
 @dataclass

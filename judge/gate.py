@@ -351,7 +351,7 @@ def broken_contract(result: dict, settings: GateSettings) -> str:
     if lower > settings.min_effect:
         return ""
     return (f"it exited 0, but its lower bound {lower:+.3f} is not above gate.min_effect {settings.min_effect:+.3f} "
-            "(the contract in publish/gate.py)")
+            "(the contract in judge/gate.py)")
 
 
 def _command(settings: GateSettings, candidate: str, published: str | None, base: str) -> dict:

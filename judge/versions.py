@@ -55,9 +55,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from nightshift.publish import registry
 from nightshift.schemas import layout
-
-from . import registry
 
 #: Fewer rewarded trajectories than this and a version gets no interval, only a count.
 MIN_TRAJECTORIES = 30
