@@ -879,6 +879,12 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
         rep.say(f"  {size:>9} {fmt(full.rate):>15} {fmt(r.fig.sustained):>13} {ratio:>6.2f} {r.fig.rss_full_mb:>7.0f}   "
                 f"{T_SUSTAINED}: {T_SUSTAINED.verdict(ratio)}; {T_RSS_MB}: {T_RSS_MB.verdict(r.fig.rss_full_mb)}"
                 f"{rss_note(full.rate)}; other cores busy {full.other_cpu / full.elapsed:.2f}")
+    rep.say("  projected, were the flusher given one core of its own (the ratio above counts the wait for a core "
+            "on a busy machine):")
+    for r in runs:
+        own = r.fig.per_flusher_core / r.load.full.rate if r.load.full.rate else float("nan")
+        rep.say(f"    {f'~{r.kb:g} KB' if r.kb else '1-10 KB'}: flusher {fmt(r.fig.per_flusher_core)} spans per CPU-second "
+                f"/ {fmt(r.load.full.rate)} acknowledged = {own:.2f}")
     rep.say()
 
 
