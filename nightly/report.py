@@ -21,11 +21,16 @@ def _daily_reward(data: str) -> list[tuple[str, float, int]]:
     """(date, mean reward, rated rows) per transitions partition."""
     import polars as pl
 
+    from nightshift.schemas import layout
+
     try:
-        df = (pl.scan_parquet(f"{data.rstrip('/')}/transitions/**/*.parquet", hive_partitioning=True)
+        layout.check_dataset(data, layout.TRANSITIONS, "the nightly report")
+        df = (pl.scan_parquet(layout.files(data, layout.TRANSITIONS), hive_partitioning=True)
               .filter(pl.col("reward").is_not_null() & pl.col("reward").is_finite())
               .group_by("date").agg(pl.col("reward").mean().alias("mean"), pl.len().alias("n"))
               .sort("date").collect())
+    except layout.LayoutError:  # data this version cannot read: the run says so (exit 2), not a plot of it
+        raise
     except Exception:  # noqa: BLE001 - no transitions yet: the plot says so
         return []
     return [(str(r["date"]), float(r["mean"]), int(r["n"])) for r in df.iter_rows(named=True)]
@@ -38,7 +43,11 @@ def _versions(data: str, checkpoints: str | None = None):
         from nightshift.judge.versions import by_version
 
         return by_version(data, checkpoints=checkpoints)
-    except Exception:  # noqa: BLE001 - no transitions yet: the plot and the section say so
+    except Exception as e:  # noqa: BLE001 - no transitions yet: the plot and the section say so
+        from nightshift.schemas.layout import LayoutError
+
+        if isinstance(e, LayoutError):  # data this version cannot read: the run says so (exit 2)
+            raise
         return None
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from nightshift.publish import registry
 from nightshift.judge.gatelog import append_line
+from nightshift.schemas.layout import LayoutError
 from nightshift.settings import invalid, setting, validate
 from nightshift.storage import write_atomic
 from nightshift.trainer.checkpoint import is_local, read_manifest, versions
@@ -380,6 +381,9 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             _save(state_dir, state)
             log.info("nightly run %s: %s (report %s)", state["run_id"], state.get("outcome"), md)
         return EXIT_OK, state
+    except LayoutError:  # a dataset this version cannot read: its sentence and exit 2 (cli); resumed here next run
+        _save(state_dir, state)
+        raise
     except Exception as e:  # noqa: BLE001 - any stage failure: keep the state, say what broke, exit 1
         state["error"] = f"{type(e).__name__}: {e}"
         state["traceback"] = traceback.format_exc()[-4000:]

@@ -6,6 +6,7 @@ command: never a Polars traceback, never a column read with a meaning it lost.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -167,4 +168,23 @@ def test_versions_reads_transitions_holding_only_the_columns_it_declares(tmp_pat
     for p in sorted((data / "transitions").rglob("*.parquet")):
         _only(p, "transitions", "nightshift versions")
     assert main(["versions", "--data", str(data)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spoil", ["future", "missing"])
+def test_the_nightly_report_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(tmp_path, capsys,
+                                                                                         monkeypatch, spoil):
+    """No spans: the build has nothing to do and the run goes straight to its report,
+    which reads the transitions (the reward per day, the reward by version)."""
+    data, spoiled = _transitions(tmp_path)
+    _rewrite(spoiled, **({"version": FUTURE} if spoil == "future" else {"drop": "reward"}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NIGHTSHIFT_TRAIN_BASE_MODEL", str(tmp_path / "no-model"))
+    assert main(["nightly", "--data", str(data), "--quiet"]) == 2
+    err = capsys.readouterr().err  # the run's progress is logged on stderr too: the sentence is one line of it
+    assert "Traceback" not in err, err
+    (said,) = [ln for ln in err.splitlines() if str(spoiled) in ln]
+    assert said.startswith("nightshift nightly: "), err
+    assert ("transitions schema version 99" in said if spoil == "future"
+            else re.search(r"lacks the column\(s\) reward that (nightshift versions|the nightly report) needs", said))
+    assert not list(tmp_path.rglob("latest.md"))  # no report that reads the data wrong
 
