@@ -214,15 +214,23 @@ def cmd_watch(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or "warning", args.log_format)
     n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args))
     checkpoints = train_settings(args).output
+    from nightshift.judge.prompt_watch import watch_prompts
+    from nightshift.prompts.config import ApoConfig
+    from nightshift.publish.prompt_canary import TrialError
+
+    apo = load(ApoConfig, "apo", args.config, {"data": _data(args)})  # the prompt candidates' store, its trials
     try:
         verdict, out = watch(_data(args), checkpoints, n, n.watch, n.canary, act=not args.dry_run)
-    except RegistryError as e:
+        prompts, more = watch_prompts(_data(args), apo.store(), n.watch, n.canary, checkpoints=checkpoints,
+                                      act=not args.dry_run, storage_options=apo.storage_options)
+    except (RegistryError, TrialError) as e:
         return _refused("watch", e, args.log_format)
     except (PublishError, VLLMError, RouteError, FileNotFoundError) as e:
         say(f"nightshift watch: {e}", args.log_format)
         return 1
-    print("\n".join(out))
-    return 3 if verdict is not None and verdict.action in ("rolled back", "canary stopped") else 0
+    print("\n".join(out + more))
+    stopped = [v for v in [verdict, *prompts] if v is not None and v.action in ("rolled back", "canary stopped")]
+    return 3 if stopped else 0
 
 
 WATCH_DESC = """Judge what production says of the versions it served, by an always-valid
@@ -234,7 +242,10 @@ over every look), and act:
   serving version, the candidate unloaded); better, or shown no more than
   --margin worse, promotes it; undecided after --canary-max-hours, it expires;
 - otherwise the serving version against the one it replaced; worse rolls it back
-  through the verified publish path.
+  through the verified publish path;
+- each prompt canary (<apo.candidates_dir>/trials.json): the agent's conversations
+  that saw the candidate prompt against its own prompt, the same test, margin and
+  expiry; a promoted prompt is retired once the agent changes its own prompt.
 
 Each decision goes to <checkpoints>/gate-log.jsonl. Settings as the nightly job's
 (the `nightly:` section of --config, NIGHTSHIFT_NIGHTLY_*, then these flags).
@@ -324,11 +335,14 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     tcfg = load(TransformConfig, "transform", args.config, flags)
     trcfg = load(TrainConfig, "train", args.config, flags)
     ncfg = load(NightlyConfig, "nightly", args.config, {})
+    from nightshift.prompts.config import ApoConfig
+
+    apo = load(ApoConfig, "apo", args.config, flags)  # the proposer, for the agents on prompt optimization
     from .console import adopt_libraries
 
     adopt_libraries(args.log_format)  # the trainer and the gate load transformers
     try:
-        code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty())
+        code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty(), apo_cfg=apo)
     except ValueError as e:
         say(f"nightshift nightly: {e}", args.log_format)
         return EXIT_CONFIG

@@ -42,10 +42,13 @@ from nightshift.publish.canary import CanarySettings
 from nightshift.publish.publish import PublishSettings, RouteUnavailable
 from nightshift.judge.watch import WatchSettings
 
+from . import experiments
+from .experiments import KINDS, PromptTrialSettings
+
 log = logging.getLogger("nightshift.nightly")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LOCKED = 0, 1, 2, 75
-STAGES = ("build", "train", "gate", "publish", "report", "done")
+STAGES = ("build", "prompts", "train", "gate", "publish", "report", "done")
 FAULT_ENV = "NIGHTSHIFT_FAULT_KILL_AFTER"  # fault injection for tests and drills: SIGKILL after a stage's work
 
 
@@ -68,8 +71,16 @@ class NightlyConfig(PublishSettings):
     gate: GateSettings = setting(factory=GateSettings, help="the gate")
     watch: WatchSettings = setting(factory=WatchSettings, help="the production watch")
     canary: CanarySettings = setting(factory=CanarySettings, help="canary publishing")
+    experiments: str = setting("weights", help="what every agent gets: weights (train the team's model), prompts "
+                                               "(optimize its prompt: agents on hosted models), both, or off",
+                               choices=KINDS)
+    agents: dict = setting(factory=dict, help="per agent, overriding experiments: {agent: weights|prompts|both|off}")
+    prompts: PromptTrialSettings = setting(factory=PromptTrialSettings, help="prompt canaries")
 
     def rules(self) -> None:
+        for agent, kind in self.agents.items():
+            if kind not in KINDS:
+                raise invalid(f"agents.{agent}", f"is {str(kind)[:40]!r}: one of {', '.join(KINDS)}")
         if self.canary.share > 0:
             if not self.canary.route_url:
                 raise invalid("canary.route_url", "canary.share > 0 needs the routing proxy's address (nightshift "
@@ -159,7 +170,8 @@ def state_problem(state) -> str | None:
         return "has a 'resumed' count that is not a whole number"
     if state.get("version") is not None and (not isinstance(state["version"], str) or "/" in state["version"]):
         return "has a 'version' that is not a version folder's name"
-    for key in ("build", "watch", "train", "gate_lines", "publish_lines", "versions"):
+    for key in ("build", "watch", "train", "gate_lines", "publish_lines", "versions", "prompt_watch", "prompts",
+                "prompt_versions"):
         value = state.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(x, str) for x in value)):
             return f"has {key!r} that is not a list of lines"
@@ -209,8 +221,10 @@ def _version_tagged(checkpoints: str, tag: str) -> str | None:
 
 
 def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetime | None = None,
-        progress: bool = False) -> tuple[int, dict]:
-    """One nightly run (or the rest of an interrupted one). Returns (exit code, state)."""
+        progress: bool = False, apo_cfg=None) -> tuple[int, dict]:
+    """One nightly run (or the rest of an interrupted one). Returns (exit code, state).
+    `apo_cfg`: the `apo:` settings (`prompts.config.ApoConfig`) for the agents on
+    prompt optimization; its defaults, on the transform's data, when not given."""
     checkpoints = train_cfg.output.rstrip("/")
     if not is_local(checkpoints):
         raise ValueError("nightly keeps its state and lock beside the checkpoints: train.output must be a local folder "
@@ -220,13 +234,56 @@ def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetim
     now = now or dt.datetime.now(dt.timezone.utc)
     try:
         with run_lock(state_dir):
-            return _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress)
+            return _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,
+                               _apo(apo_cfg, transform_cfg))
     except Locked as e:
         log.warning("%s: not running", e)
         return EXIT_LOCKED, {"outcome": str(e)}
 
 
-def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress) -> tuple[int, dict]:
+def _apo(apo_cfg, transform_cfg):
+    from nightshift.prompts.config import ApoConfig
+
+    if apo_cfg is None:
+        apo_cfg = ApoConfig()
+        apo_cfg.data, apo_cfg.storage_options = transform_cfg.data, dict(transform_cfg.storage_options)
+    return apo_cfg
+
+
+def _prompting(n: NightlyConfig) -> bool:
+    return experiments.wants(n.experiments, "prompts") or any(experiments.wants(str(k), "prompts")
+                                                               for k in n.agents.values())
+
+
+def _watch_prompts(data: str, store: str, checkpoints: str, n: NightlyConfig) -> list[str]:
+    """The prompt canaries' watch: judged like the adapter's, never stops the night."""
+    from nightshift.judge.prompt_watch import watch_prompts
+
+    try:
+        _, out = watch_prompts(data, store, n.watch, n.canary, checkpoints=checkpoints)
+    except Exception as e:  # noqa: BLE001 - a record unreadable, the route down: said, not fatal
+        log.warning("prompt watch failed: %s", e)
+        return [f"prompt watch failed: {e}"]
+    return out
+
+
+def _prompt_stage(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -> None:
+    """Prompt optimization for the agents on it, and reward by prompt version for the report."""
+    from nightshift.prompts.versions import by_agent, lines
+
+    try:
+        table = by_agent(apo_cfg.data, apo_cfg.since, apo_cfg.storage_options, min_trajectories=apo_cfg.min_trajectories)
+    except Exception as e:  # noqa: BLE001 - no transitions yet, a lake it cannot read: said, not fatal
+        state["prompts"] = [f"prompt optimization: the prompt versions could not be read: {e}"]
+        return
+    state["prompt_versions"] = lines(table, apo_cfg.min_trajectories)
+    trial = _canary(checkpoints, n) if n.publish else None
+    state["prompts"] = experiments.optimize_prompts(
+        apo_cfg, table, n.experiments, n.agents, n.canary.route_url, n.canary.route_token, n.prompts.share, trial)
+
+
+def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,
+                apo_cfg) -> tuple[int, dict]:
     from nightshift.transform.build import BuildError, build
 
     from nightshift.judge.gate import gate
@@ -270,13 +327,26 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 next_stage = "report"
             if n.watch.enabled and n.publish:
                 state["watch"] = _watch(transform_cfg.data, checkpoints, n)
+                if _prompting(n):
+                    state["prompt_watch"] = _watch_prompts(transform_cfg.data, apo_cfg.store(), checkpoints, n)
+            _fault("build")
+            state["stage"] = "prompts" if next_stage == "train" else next_stage
+            _save(state_dir, state)
+
+        if state["stage"] == "prompts":
+            if _prompting(n) and n.publish:
+                _prompt_stage(n, apo_cfg, checkpoints, state)
+            next_stage = "train"
             trial = _canary(checkpoints, n) if n.publish else None
-            if trial is not None and next_stage == "train":
+            if not experiments.trains_weights(n.experiments, n.agents):
+                state["outcome"] = ("prompt optimization only: no agent is on weight training (nightly.experiments, "
+                                    "nightly.agents)")
+                next_stage = "report"
+            elif trial is not None:
                 # one experiment at a time: a new candidate would be judged against a moving target
                 state["outcome"] = (f"canary {trial['version']} is still being judged (see the watch): no new "
                                     "candidate tonight")
                 next_stage = "report"
-            _fault("build")
             state["stage"] = next_stage
             _save(state_dir, state)
 
@@ -326,6 +396,14 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 passed = decision.passed
             if not passed:
                 state["outcome"] = f"held back by the gate: {state['gate']['reason']}"
+            blocking = (experiments.prompt_trials_blocking_weights(apo_cfg.store(), n.experiments, n.agents)
+                        if passed and n.publish and _prompting(n) else [])
+            if blocking:
+                t = blocking[0]
+                state["outcome"] = (f"trained {state['version']}; the gate passed it; not published: prompt canary "
+                                    f"{t.get('version')} of {t['agent']} is being judged on the model this version "
+                                    "would replace (one experiment per agent at a time)")
+                passed = False
             _fault("gate")
             state["stage"] = "publish" if passed and n.publish else "report"
             if passed and not n.publish:

@@ -1,0 +1,111 @@
+"""Which experiment each agent gets tonight: prompt optimization, weight training,
+or both; and never two at once on one agent.
+
+An agent on a hosted model can only learn through its prompt; an agent on the
+team's vLLM can learn through its weights too. `nightly.experiments` says what
+every agent gets, `nightly.agents` overrides it per agent (docs/nightly.md).
+Both experiments end in a canary judged by the watch; two canaries on one agent
+at once (its prompt on the route and the adapter it calls) would each be judged
+against a baseline the other one moves, so a second is refused and the report
+says which one waits and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from nightshift.publish import prompt_canary as trials
+from nightshift.route.client import RouteClient
+from nightshift.settings import setting
+
+log = logging.getLogger("nightshift.nightly")
+
+KINDS = ("weights", "prompts", "both", "off")
+
+
+@dataclass
+class PromptTrialSettings:
+    """A prompt candidate's first trial: the share of one agent's conversations the
+    route gives it (the watch then stops, promotes or expires it, as an adapter canary)."""
+
+    share: float = setting(0.1, help="the share of an agent's conversations a new prompt candidate gets",
+                           bounds="(0, 1)")
+
+
+def kind_of(agent: str, default: str, agents: dict) -> str:
+    """What `agent` gets: its own entry in `nightly.agents`, else `nightly.experiments`."""
+    return str(agents.get(agent, default))
+
+
+def wants(kind: str, what: str) -> bool:
+    return kind == what or kind == "both"
+
+
+def trains_weights(default: str, agents: dict) -> bool:
+    """Whether any agent is on weight training: with none, the nightly trains nothing."""
+    return wants(default, "weights") or any(wants(str(k), "weights") for k in agents.values())
+
+
+def prompt_trials_blocking_weights(store: str, default: str, agents: dict) -> list[dict]:
+    """Prompt canaries running on agents that also get weight training: while one
+    runs, a new adapter would change the model under it."""
+    return [t for t in trials.running(trials.read(store)) if wants(kind_of(t["agent"], default, agents), "weights")]
+
+
+def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str, route_token: str,
+                     share: float, adapter_canary: dict | None) -> list[str]:
+    """For each agent on prompt optimization: one APO round (propose, then screen with
+    `apo.gate.command` when set), and the best candidate that passed on the route as
+    a prompt canary. `table`: every agent's prompt versions (`prompts.versions.by_agent`). Each agent's failure is said and the others go on."""
+    from nightshift.prompts.client import ProposerError
+    from nightshift.prompts.propose import ApoError, propose
+
+    out: list[str] = []
+    mine = [a.agent for a in table if wants(kind_of(a.agent, default, agents), "prompts")]
+    if not mine:
+        return out
+    if not route_url:
+        return [f"prompt optimization for {', '.join(mine)}: no routing proxy to try candidates on (set "
+                "nightly.canary.route_url to the `nightshift route` the agents call)"]
+    store = apo_cfg.store()
+    client = RouteClient(route_url, route_token)
+    entries = trials.read(store)
+    for agent in mine:
+        busy = trials.running(entries, agent)
+        if busy:
+            out.append(f"{agent}: prompt canary {busy[0].get('version')} is still being judged (see the watch): no "
+                       "new candidate tonight")
+            continue
+        if adapter_canary is not None and wants(kind_of(agent, default, agents), "weights"):
+            out.append(f"{agent}: refused a prompt canary: adapter canary {adapter_canary.get('version')} is being "
+                       "judged on the model it calls; one experiment per agent at a time")
+            continue
+        try:
+            rnd = propose(apo_cfg, agent, table=table)
+        except (ApoError, ProposerError, OSError, ValueError) as e:  # its own sentence each
+            out.append(f"{agent}: no prompt candidate: {e}")
+            continue
+        pick = best(rnd.stored)
+        if pick is None:
+            why = "none was stored" if not rnd.stored else "none passed screening (apo.gate.command)"
+            out.append(f"{agent}: {len(rnd.stored)} prompt candidate(s) proposed; {why}")
+            continue
+        try:
+            trials.start(store, pick, client, share, agent=agent)
+        except trials.TrialError as e:
+            out.append(f"{agent}: prompt candidate {pick.version} not started: {e}")
+            continue
+        out.append(f"{agent}: prompt candidate {pick.version} ({pick.version_id}) on {100 * share:.0f} % of its "
+                   f"conversations (of {len(rnd.stored)} proposed)")
+    return out
+
+
+def best(stored: list) -> object | None:
+    """The candidate to try: screened ones that passed, the highest score first;
+    without screening, the first stored (the proposer's order)."""
+    screened = [c for c in stored if c.screen is not None]
+    if not screened:
+        return stored[0] if stored else None
+    passed = [c for c in screened if c.screen.get("passed")]
+    return max(passed, key=lambda c: c.screen.get("score", float("-inf"))) if passed else None

@@ -1,0 +1,209 @@
+"""A prompt candidate in front of a share of one agent's conversations, then ended:
+stopped, expired, or promoted to all of them; and a promoted prompt retired when
+the agent changes its own.
+
+The routing proxy does the work (its prompt routes, `route/prompt.py`): a route
+named `prompt:<match>` rewrites the system prompt of a sticky share of the
+requests whose prompt has the id `match` (the agent's own, per-request data
+folded). This module only moves that route and keeps the record of what was
+tried, in `<store>/trials.json` beside the candidates (`prompts/store.py`),
+written whole and atomically like `published.json`: an agent on a hosted model
+has no checkpoints folder, and the candidates' store is the one place every
+prompt trial's evidence already lives.
+
+The record is a list of entries, in order, one `agent` each:
+- `canary`: a candidate started on a share (`match`, `candidate` its system id,
+  `version_id` the prompt version the model sees, `version` its vNNNN, `share`);
+- `canary_end`: that trial ended, `outcome` `promoted`, `stopped` or `expired`,
+  with why (a promoted prompt stays on the route at share 1.0);
+- `retired`: a promoted prompt no longer applies, because the agent's own prompt
+  changed (`changed_to`: the new prompt's id the route saw); the route stops
+  rewriting by itself, since the new prompt no longer matches.
+
+The route moves first and the record follows: a route that refuses leaves the
+record as it was, and the error says why. Which trial goes on and which ends is
+the judge's call (judge/prompt_watch.py), never this module's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+
+import fsspec
+
+from nightshift.route.client import RouteClient, RouteError, prompt_name
+from nightshift.storage import write_atomic
+
+log = logging.getLogger("nightshift.publish.prompt_canary")
+
+TRIALS = "trials.json"
+ROLES = ("canary", "canary_end", "retired")
+OUTCOMES = ("promoted", "stopped", "expired")
+#: what an entry must hold, and as what
+NEEDS = {"agent": str, "role": str, "match": str, "candidate": str, "time": str}
+
+
+class TrialError(RuntimeError):
+    """The trials record cannot be used, or the route refused: one sentence naming which."""
+
+
+def path_of(store: str) -> str:
+    return f"{store.rstrip('/')}/{TRIALS}"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def entry_problem(e) -> str | None:
+    """Why one entry cannot be used (None: it can)."""
+    if not isinstance(e, dict):
+        return "is not an object"
+    for key, tp in NEEDS.items():
+        if not isinstance(e.get(key), tp) or not e.get(key):
+            return f"has no {key!r} text"
+    if e["role"] not in ROLES:
+        return f"has role {e['role'][:40]!r} (known: {', '.join(ROLES)})"
+    if e["role"] == "canary_end" and e.get("outcome") not in OUTCOMES:
+        return f"ends a trial with outcome {str(e.get('outcome'))[:40]!r} (known: {', '.join(OUTCOMES)})"
+    return None
+
+
+def read(store: str, storage_options: dict | None = None) -> list[dict]:
+    """Every entry, in order ([] when no trial was ever started). A record with any
+    problem is refused whole (TrialError): guessing which trial runs could end the
+    wrong one or start a second on one agent."""
+    path = path_of(store)
+    try:
+        with fsspec.open(path, "rb", **(storage_options or {})) as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise TrialError(f"{path} cannot be read ({e.strerror or e})") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise TrialError(f"{path} is not JSON: move it aside (no prompt trial runs while it is unreadable)") from None
+    entries = doc.get("trials") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise TrialError(f"{path} holds no 'trials' list")
+    for i, e in enumerate(entries):
+        why = entry_problem(e)
+        if why:
+            raise TrialError(f"{path}: trial entry {i} {why}")
+    return entries
+
+
+def append(store: str, entry: dict, storage_options: dict | None = None) -> dict:
+    entries = read(store, storage_options)
+    entry = {**entry, "time": entry.get("time") or _now()}
+    why = entry_problem(entry)
+    if why:  # a bug here, not a user's input: never write a record the next reader refuses
+        raise TrialError(f"refusing to record a trial entry that {why}")
+    write_atomic(path_of(store), json.dumps({"trials": entries + [entry]}, indent=2, ensure_ascii=False),
+                 storage_options)
+    return entry
+
+
+def running(entries: list[dict], agent: str | None = None) -> list[dict]:
+    """The trials started and not yet ended (one agent's, or every agent's)."""
+    out: dict[tuple[str, str], dict] = {}
+    for e in entries:
+        if agent is not None and e["agent"] != agent:
+            continue
+        key = (e["agent"], e["match"])
+        if e["role"] == "canary":
+            out[key] = e
+        elif e["role"] == "canary_end":
+            out.pop(key, None)
+    return list(out.values())
+
+
+def applied(entries: list[dict], agent: str | None = None) -> list[dict]:
+    """The promotions still applied by the route: a `canary_end` promoted, not
+    followed by a retirement or a new trial on the same agent prompt."""
+    out: dict[tuple[str, str], dict] = {}
+    for e in entries:
+        if agent is not None and e["agent"] != agent:
+            continue
+        key = (e["agent"], e["match"])
+        if e["role"] == "canary_end" and e.get("outcome") == "promoted":
+            out[key] = e
+        elif e["role"] in ("retired", "canary"):
+            out.pop(key, None)
+    return list(out.values())
+
+
+def start(store: str, candidate, client: RouteClient, share: float, *, agent: str, model: str = "",
+          storage_options: dict | None = None) -> dict:
+    """Put `candidate` (a `prompts.store.Candidate`) on `share` of `agent`'s
+    conversations whose prompt is the candidate's parent, and record it. Refused when
+    that agent already has a trial running: two at once could not be told apart."""
+    entries = read(store, storage_options)
+    busy = running(entries, agent)
+    if busy:
+        raise TrialError(f"agent {agent!r} already has prompt candidate {busy[0].get('version')} on trial since "
+                         f"{busy[0]['time']}: one experiment per agent at a time")
+    man = candidate.manifest
+    try:
+        match, cand = man["parent"]["system_hash"], man["candidate"]["system_hash"]
+        system, version_id = man["candidate"]["system"], man["candidate"]["version_id"]
+    except (KeyError, TypeError):
+        raise TrialError(f"{candidate.path}: its manifest names no parent and candidate prompt (system_hash, "
+                         "system, version_id)") from None
+    try:
+        client.set_prompt(match, cand, system, share, agent=agent, model=model or man.get("model") or "")
+    except RouteError as e:
+        raise TrialError(f"the route at {client.url} refused prompt candidate {candidate.version} of {agent!r}: "
+                         f"{e}") from None
+    log.info("prompt canary: %s of %s on %.0f %% of its conversations", candidate.version, agent, 100 * share)
+    return append(store, {"role": "canary", "agent": agent, "match": match, "candidate": cand,
+                          "version_id": version_id, "parent_version_id": man["parent"].get("version_id"),
+                          "version": candidate.version, "path": candidate.path, "share": share, "route": client.url,
+                          "model": model or man.get("model") or ""}, storage_options)
+
+
+def _ended(trial: dict, **extra) -> dict:
+    keep = ("agent", "match", "candidate", "version_id", "parent_version_id", "version", "path", "route", "model")
+    return {**{k: trial.get(k) for k in keep}, "started": trial["time"], **extra}
+
+
+def stop(store: str, trial: dict, client: RouteClient, why: str, outcome: str = "stopped",
+         storage_options: dict | None = None) -> list[str]:
+    """End a trial: the route's prompt route deleted (every conversation gets the
+    agent's own prompt again), then the record."""
+    try:
+        client.delete(prompt_name(trial["match"]))
+    except RouteError as e:
+        raise TrialError(f"the route at {client.url} did not take prompt candidate {trial.get('version')} of "
+                         f"{trial['agent']!r} off: {e}") from None
+    append(store, _ended(trial, role="canary_end", outcome=outcome, why=why), storage_options)
+    return [f"prompt canary {trial.get('version')} of {trial['agent']} {outcome}: {why}"]
+
+
+def promote(store: str, trial: dict, client: RouteClient, system: str | list[str], why: str,
+            storage_options: dict | None = None) -> list[str]:
+    """The candidate for every conversation of the agent's prompt (share 1.0), kept
+    there until the agent changes its own prompt; then the record."""
+    try:
+        client.set_prompt(trial["match"], trial["candidate"], system, 1.0, agent=trial["agent"],
+                          model=trial.get("model") or "")
+    except RouteError as e:
+        raise TrialError(f"the route at {client.url} did not take prompt candidate {trial.get('version')} of "
+                         f"{trial['agent']!r} to every conversation: {e}") from None
+    append(store, _ended(trial, role="canary_end", outcome="promoted", why=why), storage_options)
+    return [f"prompt canary {trial.get('version')} of {trial['agent']} promoted: {why}",
+            f"  the route applies it to every conversation of prompt {trial['match']} until the agent changes "
+            "its own prompt"]
+
+
+def retire(store: str, promoted: dict, changed_to: str, storage_options: dict | None = None) -> list[str]:
+    """Record that a promoted prompt no longer applies: the agent sends a new prompt
+    of its own (`changed_to`), which the route does not rewrite."""
+    why = (f"agent {promoted['agent']!r} now sends its own prompt {changed_to}, not {promoted['match']}: the route "
+           f"no longer rewrites it, and promoted candidate {promoted.get('version')} no longer applies")
+    append(store, _ended(promoted, role="retired", changed_to=changed_to, why=why), storage_options)
+    return [f"prompt {promoted.get('version')} of {promoted['agent']} retired: {why}"]

@@ -1,0 +1,114 @@
+"""The nightly job's prompt optimization (issue 27 item 7), end to end on loopback:
+spans built into transitions, an APO round against the stand-in proposer
+(tests/support/proposer_standin.py: it knows nothing but what it is sent), its
+candidate started as a prompt canary on a real `nightshift route` process, the next
+night's watch judging it, and the report; and never two experiments on one agent."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from support.proposer_standin import Standin
+from test_prompt_canary import upstream  # noqa: F401  (the fixture: a stand-in hosted API)
+from test_route import route_factory  # noqa: F401  (the fixture: a real `nightshift route` process)
+from traces import Trace, genai_call, write_spans
+
+from nightshift.nightly import experiments
+from nightshift.nightly.run import NightlyConfig, run
+from nightshift.prompts.config import ApoConfig
+from nightshift.publish import prompt_canary as trials
+from nightshift.publish.canary import CanarySettings
+from nightshift.route.client import RouteClient, prompt_name
+from nightshift.schemas.prompt_identity import system_id
+from nightshift.trainer.config import TrainConfig
+from nightshift.transform.config import TransformConfig
+
+PROMPT = "Use one tool, then reply: The answer is X."
+TOOL_ERROR = "error: calculator cannot read a colour question"
+
+
+def _spans(data: Path, n: int, prefix: str) -> None:
+    """An agent whose failed runs called the calculator on a colour question (the tool
+    said so); one reward per run."""
+    traces = []
+    for i in range(n):
+        t = Trace(f"{prefix}{i}")
+        root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                      start=0, end=10)
+        fail = i % 3 == 0
+        hist = [{"role": "system", "parts": [{"type": "text", "content": PROMPT}]},
+                {"role": "user", "parts": [{"type": "text", "content": "What colour is the lamp today?"}]},
+                {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "calculator" if fail else
+                                                 "lookup", "arguments": {}}]},
+                {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1",
+                                            "response": TOOL_ERROR if fail else "result: red"}]}]
+        t.span("chat m1", genai_call("go on", "The answer is zero." if fail else "The answer is red.", history=hist),
+               parent=root, start=1, end=2)
+        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
+                                             "agentlightning.reward.0.value": 0.0 if fail else 1.0},
+               parent=root, start=5, end=5.1)
+        traces.append(t)
+    write_spans(str(data), traces, batch=prefix)
+
+
+def test_prompt_optimization_nights_propose_try_on_the_route_judge_and_report(tmp_path, upstream,  # noqa: F811
+                                                                             route_factory):  # noqa: F811
+    r = route_factory(upstream).start()
+    data = tmp_path / "data"
+    _spans(data, 36, "a")
+    tcfg = TransformConfig()
+    tcfg.data, tcfg.settle = str(data), 0
+    trcfg = TrainConfig()
+    trcfg.output = str(tmp_path / "ck")
+    n = NightlyConfig(experiments="prompts", canary=CanarySettings(route_url=r.url))
+    with Standin() as proposer:
+        apo = ApoConfig(data=str(data), base_url=proposer.url, model="any", candidates=2, timeout=5.0, retries=0)
+        code, state = run(tcfg, trcfg, n, apo_cfg=apo)
+    assert code == 0, state.get("error")
+    assert state["outcome"].startswith("prompt optimization only") and "train" not in state
+    started = [x for x in state["prompts"] if "solver: prompt candidate v0001" in x]
+    assert started and "on 10 % of its conversations" in started[0], state["prompts"]
+    route = RouteClient(r.url).get(prompt_name(system_id([PROMPT])))
+    assert route["kind"] == "prompt" and route["share"] == 0.1 and route["agent"] == "solver"
+    report = Path(state["report"]).read_text()
+    assert "## Prompt optimization" in report and "## Reward by prompt version" in report
+    assert "solver" in "\n".join(state["prompt_versions"])
+
+    # the next night: the watch judges the canary first (too few of its trajectories yet), and no second
+    # candidate starts on the same agent
+    _spans(data, 6, "b")
+    with Standin() as proposer:
+        apo.base_url = proposer.url
+        code, state = run(tcfg, trcfg, n, now=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1), apo_cfg=apo)
+    assert code == 0, state.get("error")
+    assert any(x.startswith("watch: prompt canary v0001 of solver") and "too_few" in x for x in state["prompt_watch"])
+    assert state["prompts"] == ["solver: prompt canary v0001 is still being judged (see the watch): no new "
+                                "candidate tonight"]
+    assert len(trials.read(apo.store())) == 1
+    assert "## Prompt canaries: the watch" in Path(state["report"]).read_text()
+
+
+def test_never_two_experiments_on_one_agent(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    apo = ApoConfig(data=str(tmp_path / "data"), candidates_dir=str(store))
+
+    class Table(list):
+        pass
+
+    table = Table([type("A", (), {"agent": "both-agent"})(), type("A", (), {"agent": "hosted-agent"})()])
+    agents = {"both-agent": "both", "hosted-agent": "prompts"}
+    # an adapter canary runs on the team's model: the agent that is also on weights gets no prompt canary
+    out = experiments.optimize_prompts(apo, table[:1], "weights", agents, "http://127.0.0.1:9", "", 0.1,
+                                       {"version": "v0003"})
+    assert out == ["both-agent: refused a prompt canary: adapter canary v0003 is being judged on the model it "
+                   "calls; one experiment per agent at a time"]
+    # a prompt canary runs on an agent also on weights: it holds a new adapter back; a hosted agent's does not
+    for agent in ("both-agent", "hosted-agent"):
+        trials.append(str(store), {"role": "canary", "agent": agent, "match": "a" * 12, "candidate": "b" * 12,
+                                   "version": "v0001"})
+    blocking = experiments.prompt_trials_blocking_weights(str(store), "weights", agents)
+    assert [t["agent"] for t in blocking] == ["both-agent"]
+    assert not experiments.trains_weights("prompts", {"hosted-agent": "prompts"})
+    assert experiments.trains_weights("prompts", agents)
