@@ -48,7 +48,7 @@ def repair(fs: fsspec.AbstractFileSystem, root: str) -> None:
 def write_partition(fs: fsspec.AbstractFileSystem, root: str, date: str, tables: Iterable[pa.Table]) -> int:
     """Replace `<root>/date=<date>/` with the given tables (in order; none: the
     partition is removed). Returns the rows written."""
-    part = f"date={date}"
+    part = layout.partition(date)
     final = f"{root}/{part}"
     if is_local(fs):
         os.makedirs(root, exist_ok=True)
@@ -80,7 +80,7 @@ def stage(tables: Iterable[pa.Table], folder: str) -> int:
 def commit(root: str, date: str, staged: str, rows: int) -> None:
     """Swap a staged partition in (two renames; a crash between them is repaired by
     the next build), or, with no rows, remove the partition."""
-    part = f"date={date}"
+    part = layout.partition(date)
     final = f"{root}/{part}"
     if rows == 0:
         shutil.rmtree(staged, ignore_errors=True)
