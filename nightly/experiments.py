@@ -47,10 +47,21 @@ def trains_weights(default: str, agents: dict) -> bool:
     return wants(default, "weights") or any(wants(str(k), "weights") for k in agents.values())
 
 
-def prompt_trials_blocking_weights(store: str, default: str, agents: dict) -> list[dict]:
-    """Prompt canaries running on agents that also get weight training: while one
-    runs, a new adapter would change the model under it."""
-    return [t for t in trials.running(trials.read(store)) if wants(kind_of(t["agent"], default, agents), "weights")]
+def weights_held_by(store: str, default: str, agents: dict) -> str:
+    """Why a new adapter may not be published tonight ("" when it may): a prompt
+    canary runs on an agent that also gets weight training, and a new adapter would
+    change the model under it. A trials record that cannot be read holds it too:
+    which trials run is then unknown."""
+    try:
+        running = trials.running(trials.read(store))
+    except trials.TrialError as e:
+        return f"the prompt trials cannot be told ({e})"
+    mine = [t for t in running if wants(kind_of(t["agent"], default, agents), "weights")]
+    if not mine:
+        return ""
+    t = mine[0]
+    return (f"prompt canary {t.get('version')} of {t['agent']} is being judged on the model this version would "
+            "replace (one experiment per agent at a time)")
 
 
 def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str, route_token: str,
@@ -70,7 +81,10 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
                 "nightly.canary.route_url to the `nightshift route` the agents call)"]
     store = apo_cfg.store()
     client = RouteClient(route_url, route_token)
-    entries = trials.read(store)
+    try:
+        entries = trials.read(store)
+    except trials.TrialError as e:  # which trials run is unknown: starting one could make two on an agent
+        return [f"prompt optimization for {', '.join(mine)}: no candidate started: {e}"]
     for agent in mine:
         busy = trials.running(entries, agent)
         if busy:

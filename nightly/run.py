@@ -396,13 +396,10 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 passed = decision.passed
             if not passed:
                 state["outcome"] = f"held back by the gate: {state['gate']['reason']}"
-            blocking = (experiments.prompt_trials_blocking_weights(apo_cfg.store(), n.experiments, n.agents)
-                        if passed and n.publish and _prompting(n) else [])
-            if blocking:
-                t = blocking[0]
-                state["outcome"] = (f"trained {state['version']}; the gate passed it; not published: prompt canary "
-                                    f"{t.get('version')} of {t['agent']} is being judged on the model this version "
-                                    "would replace (one experiment per agent at a time)")
+            held = (experiments.weights_held_by(apo_cfg.store(), n.experiments, n.agents)
+                    if passed and n.publish and _prompting(n) else "")
+            if held:
+                state["outcome"] = f"trained {state['version']}; the gate passed it; not published: {held}"
                 passed = False
             _fault("gate")
             state["stage"] = "publish" if passed and n.publish else "report"

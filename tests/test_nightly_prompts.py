@@ -108,7 +108,13 @@ def test_never_two_experiments_on_one_agent(tmp_path):
     for agent in ("both-agent", "hosted-agent"):
         trials.append(str(store), {"role": "canary", "agent": agent, "match": "a" * 12, "candidate": "b" * 12,
                                    "version": "v0001"})
-    blocking = experiments.prompt_trials_blocking_weights(str(store), "weights", agents)
-    assert [t["agent"] for t in blocking] == ["both-agent"]
+    assert experiments.weights_held_by(str(store), "weights", agents).startswith(
+        "prompt canary v0001 of both-agent is being judged on the model this version would replace")
+    assert experiments.weights_held_by(str(store), "prompts", {}) == ""  # agents on prompts only hold nothing
+    # a trials record that cannot be read starts no prompt canary and holds the adapter back, said in a sentence
+    (store / "trials.json").write_text("{torn")
+    assert "trials.json is not JSON" in experiments.weights_held_by(str(store), "weights", agents)
+    out = experiments.optimize_prompts(apo, table[1:], "weights", agents, "http://127.0.0.1:9", "", 0.1, None)
+    assert out[0].startswith("prompt optimization for hosted-agent: no candidate started:") and "not JSON" in out[0]
     assert not experiments.trains_weights("prompts", {"hosted-agent": "prompts"})
     assert experiments.trains_weights("prompts", agents)
