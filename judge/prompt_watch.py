@@ -32,7 +32,7 @@ from nightshift.prompts.versions import assign
 from nightshift.publish import prompt_canary as trials
 from nightshift.publish.canary import CanarySettings
 from nightshift.route.client import RouteClient, RouteError, prompt_name
-from nightshift.schemas.layout import LayoutError
+from nightshift.schemas.layout import TRANSITIONS, LayoutError, files
 
 from . import gatelog
 from .watch import Verdict, WatchSettings, canary_action, judge
@@ -68,7 +68,7 @@ def _calls(data: str, agent: str, storage_options: dict | None) -> pl.DataFrame:
     if "prompt_seen" in rows.columns:
         return rows
     try:
-        seen = (pl.scan_parquet(f"{data.rstrip('/')}/transitions/**/*.parquet", missing_columns="insert",
+        seen = (pl.scan_parquet(files(data, TRANSITIONS), missing_columns="insert",
                                 storage_options=storage_options or None, schema_overrides={"prompt_seen": pl.String})
                 .select("transition_id", "prompt_seen").collect())
     except (pl.exceptions.ColumnNotFoundError, pl.exceptions.SchemaError, TypeError):

@@ -6,6 +6,7 @@ command: never a Polars traceback, never a column read with a meaning it lost.""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -188,3 +189,41 @@ def test_the_nightly_report_refuses_transitions_it_cannot_read_with_one_sentence
             else re.search(r"lacks the column\(s\) reward that (nightshift versions|the nightly report) needs", said))
     assert not list(tmp_path.rglob("latest.md"))  # no report that reads the data wrong
 
+
+# --- one place spells the layout --------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Stages that read or write the lake, or may one day: all but schemas/ (which owns the layout).
+STAGES = ("collector", "transform", "trainer", "publish", "judge", "nightly", "prompts", "cli", "serve", "route")
+#: A string that builds a dataset path: a partition (`date=`), a dataset folder after a
+#: root (`{root}/spans/…`), a dataset's glob, a collector file's name.
+SPELLED = [re.compile(p) for p in (r"date=", r"(?<!/v1)/(spans|logs|feedback|transitions)(/|$)",
+                                   r"^(spans|logs|feedback|transitions)/", r"\*\*/\*\.parquet",
+                                   r"part-.*\.parquet")]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def test_no_module_outside_schemas_spells_the_layout():
+    found = []
+    for stage in STAGES:
+        for path in sorted((ROOT / stage).rglob("*.py")) if (ROOT / stage).is_dir() else []:
+            tree = ast.parse(path.read_text(), str(path))
+            skip = _docstrings(tree)
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in skip:
+                    continue
+                # prose for a person (help, messages) names `<data>/…` or `YYYY-MM-DD`: not a path built
+                if "<data>" in node.value or "YYYY" in node.value:
+                    continue
+                if any(p.search(node.value) for p in SPELLED):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, "spell these with nightshift.schemas.layout:\n" + "\n".join(found)
