@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from openai import BadRequestError, OpenAI
 
+from nightshift.route.choose import point
 from nightshift.route.mark import StreamMarker, mark_body, tag
 from nightshift.route.prompt import Ambiguous, PromptRouter
 from nightshift.route.rewrite import edited, read
@@ -288,6 +289,18 @@ def test_a_share_of_one_agents_conversations_gets_the_candidate_and_says_so(echo
     seen = doc["prompts"][f"prompt:{MATCH}"]
     assert seen["changed"] == system_id([(AGENT_T + " Be warm.")]) and seen["rewritten"] >= 30
     assert r.log().count("it does not match; if the agent changed its own prompt") == 1
+    # a body that cannot be rewritten without guessing passes unchanged, counted, logged once
+    key = next(k for k in map(str, range(1000)) if point(k, CAND) < 0.5)  # a conversation on the candidate
+    twice = json.dumps({"model": "gpt-x", "messages": []})[:-1].encode() + b', "messages": ' + json.dumps(
+        _messages(7)).encode() + b"}"
+    for _ in range(2):
+        before = len(Echo.seen)
+        req = urllib.request.Request(f"{r.url}/v1/chat/completions", data=twice, headers={
+            "Content-Type": "application/json", "X-Nightshift-Route-Key": key})
+        assert json.loads(urllib.request.urlopen(req, timeout=10).read())["model"] == "gpt-x-2024-11-20"
+        assert Echo.seen[before][0] == twice
+    assert r.metric("nightshift_route_prompt_skipped_total", route=f"prompt:{MATCH}") == 2
+    assert r.log().count("a matched request passes through unchanged: the body has 2 top-level `messages`") == 1
     # a malformed Authorization (a stray control character) is refused by the HTTP parser, whose message quoted
     # the header whole into the log: now the reason and the header's name only
     for bad in (b"Bearer " + SECRET.encode() + b"\x01", b"Bearer " + SECRET.encode() + b"x" * 9000):
