@@ -525,14 +525,25 @@ def ray_lines(p: st.Params, args: argparse.Namespace, runs: list[tuple[int, Buil
                       else ""))
     phases = _phases(base.stdout)
     if phases:
-        parallel = phases["work"]  # the buckets' own seconds, summed: what more workers share
-        serial = max(base.wall - phases.get("buckets", 0.0), 0.0)  # start-up, cluster, split, advantages, commit
-        one = serial + parallel
-        out.append(f"  {base_w} worker(s): {serial:.1f} s serial in the driver (" + ", ".join(
-            f"{k} {v:.1f} s" for k, v in phases.items() if k not in ("buckets", "work"))
-            + f", the rest start-up and listing) + {parallel:.1f} s of bucket work (summed over its tasks)")
-        out.append("  projected for N workers, each with a core, buckets >= N (Amdahl: serial + work / N): " + ", ".join(
-            f"N={n}: {one / (serial + parallel / n):.1f}x" for n in (2, 4, 8, 16, 64)))
+        # on Ray the split, the buckets and the date partitions are tasks: more workers share the first two,
+        # the partitions as far as there are dates; the rest (start-up, the cluster's, listing, the advantages,
+        # the commit) stays in the driver
+        work, split, parts = phases.get("work", 0.0), phases.get("split", 0.0), phases.get("partitions", 0.0)
+        serial = max(base.wall - phases.get("buckets", 0.0) - split - parts, 0.0)
+        dates = max(1, next((len(x.split(":", 1)[1].split(",")) for x in base.stdout.splitlines()
+                             if x.startswith("partitions written:")), 1))
+
+        def t(n: int) -> float:
+            return serial + (split + work) / n + parts / min(n, dates)
+
+        out.append(f"  {base_w} worker(s): {serial:.1f} s in the driver alone (start-up, Ray's cluster, listing, "
+                   f"advantages {phases.get('advantages', 0.0):.1f} s) + tasks: split {split:.1f} s, buckets "
+                   f"{work:.1f} s of work, {dates} date partition(s) {parts:.1f} s")
+        out.append("  projected for N workers, each with a core (Amdahl: driver + (split + buckets) / N + partitions "
+                   "/ min(N, dates)): " + ", ".join(f"N={n}: {t(1) / t(n):.1f}x" for n in (2, 4, 8, 16, 64)))
+        out.append(f"  the same without the driver's fixed start-up (a window {10}x this size): " + ", ".join(
+            f"N={n}: {(serial + 10 * (split + work + parts)) / (serial + 10 * ((split + work) / n + parts / min(n, dates))):.1f}x"
+            for n in (2, 4, 8, 16, 64)))
         if os.cpu_count() and max(args.worker_counts) > os.cpu_count():
             out.append(f"  (this machine has {os.cpu_count()} cores: counts above it share them)")
     return out
