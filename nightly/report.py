@@ -188,10 +188,38 @@ def _plot_gate(ax, history: list[dict]) -> None:
     ax.set_title(f"the gate's held-out score per nightly run ({metric}, higher is better)")
 
 
-def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None = None, versions=None) -> Path:
-    """The PNG: reward per day, held-out score per run, reward by version. `versions`:
-    `by_version(...)` already computed (else read here, with `checkpoints`' registry
-    when given); `checkpoints` also says which versions were rolled back."""
+def _plot_prompts(ax, table) -> None:
+    """Mean reward per prompt version of each agent, with its 95 % interval; hollow
+    below the trajectories an interval needs; the version each agent sends now in
+    green, the others (older ones, and candidates the route put in) in blue."""
+    xs, labels = [], []
+    for agent in table:
+        for v in agent.versions:
+            if v.mean is None:
+                continue
+            x = len(xs)
+            colour = "tab:green" if v.current else "tab:blue"
+            if v.low is not None:
+                ax.errorbar([x], [v.mean], yerr=[[v.mean - v.low], [v.high - v.mean]], fmt="o", color=colour, capsize=4)
+            else:
+                ax.plot([x], [v.mean], "o", mfc="none", color=colour)
+            ax.annotate(str(v.rated), (x, v.mean), textcoords="offset points", xytext=(8, -3), fontsize=7, color="grey")
+            xs.append(x)
+            labels.append(f"{agent.agent}\n{v.id[:8]}")
+    if not xs:
+        ax.text(0.5, 0.5, "no rated prompt versions yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set_ylabel("reward")
+    ax.set_title("reward by prompt version (green: the prompt each agent sends now; labels: rated trajectories)")
+
+
+def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None = None, versions=None,
+         prompts=None) -> Path:
+    """The PNG: reward per day, held-out score per run, reward by version, and reward
+    by prompt version when `prompts` (`prompts.versions.by_agent(...)`) is given.
+    `versions`: `by_version(...)` already computed (else read here, with
+    `checkpoints`' registry when given); `checkpoints` also says which versions
+    were rolled back."""
     import logging
 
     import matplotlib
@@ -200,8 +228,10 @@ def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(9, 10), constrained_layout=True,
-                                        gridspec_kw={"height_ratios": [1, 1, 1.2]})
+    rows = 4 if prompts is not None else 3
+    fig, axes = plt.subplots(rows, 1, figsize=(9, 10 + 3 * (rows - 3)), constrained_layout=True,
+                             gridspec_kw={"height_ratios": [1, 1, 1.2, 1][:rows]})
+    ax1, ax2, ax3 = axes[:3]
     days = _daily_reward(data)
     if days:
         ax1.plot([d for d, _, _ in days], [m for _, m, _ in days], marker="o", color="tab:green")
@@ -214,6 +244,8 @@ def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None 
     ax1.set_ylabel("reward")
     _plot_gate(ax2, history)
     _plot_versions(ax3, versions if versions is not None else _versions(data, checkpoints), rolled_back(checkpoints))
+    if prompts is not None:
+        _plot_prompts(axes[3], prompts)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -303,12 +335,24 @@ def write(run: dict, history: list[dict], data: str, out_dir: str | Path, *,
     if stats:
         run = {**run, "versions": lines(stats)}
     run = {**run, "notes": state_notes(checkpoints)}
-    png = plot(history, data, out / f"{stem}.png", checkpoints=checkpoints, versions=stats)
+    png = plot(history, data, out / f"{stem}.png", checkpoints=checkpoints, versions=stats,
+               prompts=_prompt_table(data) if run.get("prompt_versions") else None)
     md = out / f"{stem}.md"
     md.write_text(markdown(run, history, png.name))
     shutil.copyfile(png, out / "latest.png")
     (out / "latest.md").write_text(markdown(run, history, "latest.png"))
     return md, png
+
+
+def _prompt_table(data: str):
+    """Every agent's prompt versions (`nightshift prompts`), for the plot; None when
+    they cannot be read (the report's text already says why)."""
+    from nightshift.prompts.versions import by_agent
+
+    try:
+        return by_agent(data, names=False)
+    except Exception:  # noqa: BLE001 - a report only reads: no panel rather than no report
+        return None
 
 
 def read_history(path: Path) -> list[dict]:

@@ -74,6 +74,8 @@ def test_prompt_optimization_nights_propose_try_on_the_route_judge_and_report(tm
     report = Path(state["report"]).read_text()
     assert "## Prompt optimization" in report and "## Reward by prompt version" in report
     assert "solver" in "\n".join(state["prompt_versions"])
+    png = Path(state["plot"]).read_bytes()  # a fourth panel, reward by prompt version: 13 inches at 110 dpi
+    assert int.from_bytes(png[20:24], "big") == 13 * 110
 
     # the next night: the watch judges the canary first (too few of its trajectories yet), and no second
     # candidate starts on the same agent
