@@ -97,14 +97,15 @@ class PromptRouter:
     dict lookup, not a pattern scan."""
 
     def __init__(self) -> None:
-        self.folded: OrderedDict[tuple[str, ...], tuple[list[str], dict[str, str]]] = OrderedDict()
+        self.folded: OrderedDict[tuple[str, ...], tuple[list[str], dict[str, str], str]] = OrderedDict()
         self.versions: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.seen: dict[str, Seen] = {}
         self.models: dict[str, set[str]] = {}  # a prompt route's model -> prompt ids asked with it
         self.logged: set[tuple[str, str]] = set()
         self.texts: dict[str, str] = {}  # a prompt route's match -> the first prompt it matched, folded
 
-    def _fold(self, texts: list[str]) -> tuple[list[str], dict[str, str]]:
+    def _fold(self, texts: list[str]) -> tuple[list[str], dict[str, str], str]:
+        """The texts folded, their values and the id they hash to."""
         key = tuple(texts)
         got = self.folded.get(key)
         if got is None:
@@ -114,7 +115,7 @@ class PromptRouter:
                 norms.append(n)
                 for k, x in v.items():
                     values.setdefault(k, x)
-            got = self.folded[key] = (norms, values)
+            got = self.folded[key] = (norms, values, system_id(norms))
             if len(self.folded) > CACHE:
                 self.folded.popitem(last=False)
         return got
@@ -124,8 +125,7 @@ class PromptRouter:
         where, texts = request_system(body.obj)
         if not texts:
             return None
-        norms, values = self._fold(texts)
-        sid = system_id(norms)
+        norms, values, sid = self._fold(texts)
         route = routes.get(sid)
         if route is None:
             for r in routes.values():
