@@ -91,6 +91,12 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
             out.append(f"{agent}: prompt canary {busy[0].get('version')} is still being judged (see the watch): no "
                        "new candidate tonight")
             continue
+        current = getattr(table.agent(agent), "current", None)
+        if current is not None and current.shared_with:
+            # the route matches a prompt, not an agent: a candidate would reach the others' conversations too
+            out.append(f"{agent}: no prompt canary: its prompt {current.id} is also sent by "
+                       f"{', '.join(current.shared_with)}, whose conversations the route would rewrite too")
+            continue
         if adapter_canary is not None and wants(kind_of(agent, default, agents), "weights"):
             out.append(f"{agent}: refused a prompt canary: adapter canary {adapter_canary.get('version')} is being "
                        "judged on the model it calls; one experiment per agent at a time")

@@ -96,16 +96,25 @@ def test_never_two_experiments_on_one_agent(tmp_path):
     store.mkdir()
     apo = ApoConfig(data=str(tmp_path / "data"), candidates_dir=str(store))
 
-    class Table(list):
-        pass
+    class Table(list):  # `prompts.versions.PromptTable`'s shape: agents, each with the version it sends now
+        def agent(self, name):
+            return next(a for a in self if a.agent == name)
 
-    table = Table([type("A", (), {"agent": "both-agent"})(), type("A", (), {"agent": "hosted-agent"})()])
+    def agent(name, shared=()):
+        return type("A", (), {"agent": name, "current": type("V", (), {"id": "c0ffee", "shared_with": list(shared)})})
+
+    table = Table([agent("both-agent"), agent("hosted-agent")])
     agents = {"both-agent": "both", "hosted-agent": "prompts"}
     # an adapter canary runs on the team's model: the agent that is also on weights gets no prompt canary
-    out = experiments.optimize_prompts(apo, table[:1], "weights", agents, "http://127.0.0.1:9", "", 0.1,
+    out = experiments.optimize_prompts(apo, Table(table[:1]), "weights", agents, "http://127.0.0.1:9", "", 0.1,
                                        {"version": "v0003"})
     assert out == ["both-agent: refused a prompt canary: adapter canary v0003 is being judged on the model it "
                    "calls; one experiment per agent at a time"]
+    # two agents sending one prompt: a prompt route would rewrite both, so neither gets a canary
+    out = experiments.optimize_prompts(apo, Table([agent("hosted-agent", ["billing-agent"])]), "weights", agents,
+                                       "http://127.0.0.1:9", "", 0.1, None)
+    assert out == ["hosted-agent: no prompt canary: its prompt c0ffee is also sent by billing-agent, whose "
+                   "conversations the route would rewrite too"]
     # a prompt canary runs on an agent also on weights: it holds a new adapter back; a hosted agent's does not
     for agent in ("both-agent", "hosted-agent"):
         trials.append(str(store), {"role": "canary", "agent": agent, "match": "a" * 12, "candidate": "b" * 12,
@@ -116,7 +125,7 @@ def test_never_two_experiments_on_one_agent(tmp_path):
     # a trials record that cannot be read starts no prompt canary and holds the adapter back, said in a sentence
     (store / "trials.json").write_text("{torn")
     assert "trials.json is not JSON" in experiments.weights_held_by(str(store), "weights", agents)
-    out = experiments.optimize_prompts(apo, table[1:], "weights", agents, "http://127.0.0.1:9", "", 0.1, None)
+    out = experiments.optimize_prompts(apo, Table(table[1:]), "weights", agents, "http://127.0.0.1:9", "", 0.1, None)
     assert out[0].startswith("prompt optimization for hosted-agent: no candidate started:") and "not JSON" in out[0]
     assert not experiments.trains_weights("prompts", {"hosted-agent": "prompts"})
     assert experiments.trains_weights("prompts", agents)
