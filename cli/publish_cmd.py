@@ -125,7 +125,8 @@ def add_publish(sub, common) -> None:
                                      "NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_WATCH_ALPHA, ...), NIGHTSHIFT_DATA, "
                                      "NIGHTSHIFT_TRAIN_OUTPUT",
                                      "0 kept, promoted or not yet decided, 3 rolled back or canary stopped, 1 failed, "
-                                     "2 bad settings or published.json cannot be used"))
+                                     "2 bad settings, published.json cannot be used or transitions this version "
+                                     "cannot read"))
     common(w)
     w.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder, its published.json (default: "
                    "train.output of --config, NIGHTSHIFT_TRAIN_OUTPUT, else ./nightshift-checkpoints)")
@@ -210,6 +211,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from nightshift.publish.registry import RegistryError
     from nightshift.judge.watch import watch
     from nightshift.route.client import RouteError
+    from nightshift.schemas.layout import LayoutError
 
     setup_logging(args.log_level or "warning", args.log_format)
     n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args))
@@ -225,6 +227,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
                                       act=not args.dry_run, storage_options=apo.storage_options)
     except (RegistryError, TrialError) as e:
         return _refused("watch", e, args.log_format)
+    except LayoutError as e:  # a newer schema version or a missing column: nothing judged, nothing rolled back
+        say(f"nightshift watch: {e}", args.log_format)
+        return 2
     except (PublishError, VLLMError, RouteError, FileNotFoundError) as e:
         say(f"nightshift watch: {e}", args.log_format)
         return 1

@@ -137,7 +137,7 @@ def check(where: str, schema: pa.Schema, dataset: str, reader: str, also: Iterab
     readable = module.READABLE
     if found is not None and found not in readable:
         raise LayoutError(f"{where} is {dataset} schema version {found} (its Parquet metadata's "
-                          f"{METADATA_VERSION.decode()}), but this Nightshift reads version {' or '.join(readable)}: "
+                          f"{METADATA_VERSION.decode()}), but this Nightshift reads version {_either(readable)}: "
                           f"upgrade Nightshift to read it, or write it again with this one ({WRITTEN_BY[dataset]})")
     later = set() if found is None else {c for v, cols in module.ADDED.items() if int(v) > int(found) for c in cols}
     present = set(schema.names)
@@ -147,6 +147,11 @@ def check(where: str, schema: pa.Schema, dataset: str, reader: str, also: Iterab
         raise LayoutError(f"{where} ({version}) lacks the column(s) {', '.join(missing)} that {reader} needs: "
                           f"write it again with this Nightshift ({WRITTEN_BY[dataset]})")
     return found
+
+
+def _either(versions: tuple[str, ...]) -> str:
+    """`1`, `1 or 2`, `1, 2 or 3`."""
+    return versions[0] if len(versions) == 1 else f"{', '.join(versions[:-1])} or {versions[-1]}"
 
 
 def shown(fs, path: str) -> str:

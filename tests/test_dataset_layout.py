@@ -92,7 +92,9 @@ def test_train_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(t
     # selection runs before any model is loaded: no base model needed to be refused
     assert main(["train", "--data", str(data), "--base-model", str(tmp_path / "no-model")]) == 2
     said = _one_sentence(capsys.readouterr().err, spoiled)
-    assert ("transitions schema version 99" in said and "reads version 1 or 2" in said if spoil == "future"
+    read = said.split("reads version", 1)[-1]  # every version this Nightshift reads, named
+    assert ("transitions schema version 99" in said and all(v in read for v in transitions.READABLE)
+            if spoil == "future"
             else "lacks the column(s) reward that nightshift train needs" in said)
 
 
@@ -188,6 +190,24 @@ def test_the_nightly_report_refuses_transitions_it_cannot_read_with_one_sentence
     assert ("transitions schema version 99" in said if spoil == "future"
             else re.search(r"lacks the column\(s\) reward that (nightshift versions|the nightly report) needs", said))
     assert not list(tmp_path.rglob("latest.md"))  # no report that reads the data wrong
+
+
+
+def test_watch_refuses_transitions_it_cannot_read_and_rolls_nothing_back(tmp_path, capsys):
+    """The watch judges the serving version by `nightshift versions`' reader: a future
+    version's rows read as this one's could roll a good version back."""
+    from nightshift.publish import registry
+
+    data, spoiled = _transitions(tmp_path)
+    _rewrite(spoiled, version=FUTURE)
+    ck = tmp_path / "ck"
+    registry.append(str(ck), {"version": "v0001", "name": "agent@v0001", "endpoint": "http://127.0.0.1:9",
+                              "mode": "lora", "path": "/x", "checkpoint": str(ck / "v0001")})
+    args = ["watch", "--data", str(data), "--checkpoints", str(ck), "--vllm-url", "http://127.0.0.1:9",
+            "--name", "agent"]
+    assert main(args) == 2
+    assert "transitions schema version 99" in _one_sentence(capsys.readouterr().err, spoiled)
+    assert registry.current(str(ck))["version"] == "v0001" and not (ck / "gate-log.jsonl").exists()
 
 
 # --- one place spells the layout --------------------------------------------------------------
