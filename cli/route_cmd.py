@@ -186,6 +186,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         routes = [r for r in doc["routes"] if args.name in (None, r["name"])]
         lines = [_line(r) for r in routes] or ["no routes: every request passes through to " + doc["upstream"]]
         lines += [f"missing on the upstream (skipped for {s:g} s more): {v}" for v, s in doc["missing"].items()]
+        for name, seen in (doc.get("prompts") or {}).items():
+            if args.name in (None, name):
+                lines.append(f"{name}: {seen['matched']:,} requests matched since the proxy started, "
+                             f"{seen['rewritten']:,} rewritten" + (f", {sum(seen['skipped'].values()):,} passed "
+                             "unchanged (ambiguous)" if seen["skipped"] else "")
+                             + (f"; the agent now sends prompt {seen['changed']}: the trial no longer applies"
+                                if seen["changed"] else ""))
         return lines
 
     return _control(args, show)

@@ -326,6 +326,7 @@ def test_a_share_of_one_agents_conversations_gets_the_candidate_and_says_so(echo
     assert done.returncode == 0 and f"prompt:{MATCH} (agent support): candidate {CAND} at 0 %" in done.stdout, done
     shown = subprocess.run([*cli, "show", "--url", r.url], capture_output=True, text=True, timeout=60)
     assert f"prompt:{MATCH} (agent support): candidate {CAND} at 0 %" in shown.stdout
+    assert f"the agent now sends prompt {system_id([AGENT_T + ' Be warm.'])}: the trial no longer applies" in shown.stdout
     bad = subprocess.run([*cli, "prompt", "--from", str(folder.parent), "--share", "0", "--url", r.url],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not a stored prompt candidate" in bad.stderr and "Traceback" not in bad.stderr
@@ -337,3 +338,16 @@ def test_a_stream_whose_events_name_other_models_is_marked_once_each():
     m = StreamMarker(tag("ab12cd34ef56"))
     out = m.feed(events[:30]) + m.feed(events[30:]) + m.flush()
     assert out == events.replace(b'"a"', b'"a+p:ab12cd34ef56"').replace(b'"b"', b'"b+p:ab12cd34ef56"')
+
+
+def test_the_responses_api_input_messages_and_stream_events_are_handled():
+    body = json.dumps({"model": "gpt-x", "input": [{"role": "developer", "content": AGENT.format(day="2026-11-26")},
+                                                    {"role": "user", "content": "hi"}]}).encode()
+    out, _ = _apply(body)
+    assert json.loads(out)["input"][0] == {"role": "developer", "content": CANDIDATE.replace("{{date}}", "2026-11-26")}
+    stream = (b'event: response.created\ndata: {"type":"response.created","response":{"id":"r1","instructions":'
+              b'"say \\"model\\": \\"x\\"","model":"gpt-x-2024","output":[]}}\n\n'
+              b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"hi"}\n\n')
+    m = StreamMarker(tag("ab12cd34ef56"))
+    out = m.feed(stream[:50]) + m.feed(stream[50:]) + m.flush()
+    assert out == stream.replace(b'"gpt-x-2024"', b'"gpt-x-2024+p:ab12cd34ef56"') and m.marked == 1
