@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def build(lake: Lake) -> subprocess.CompletedProcess:
 
 def side_by_side(tmp_path: Path, lake: Lake, n: int, per_round: int = 4, max_rounds: int = 100) -> None:
     """Rounds of traces, split across `n` collectors, until a build has read the lake
-    while they wrote (at least 4 rounds; the first two before any retry goes to
+    while they wrote (at least 3 rounds; the first one before any retry goes to
     another collector)."""
     collectors = [Collector(lake.url, tmp_path / f"wal-{i}", tmp_path / f"collector-{i}.log",
                             env={k.replace("TRANSFORM", "COLLECTOR"): v for k, v in lake.env.items()})
@@ -114,15 +115,15 @@ def side_by_side(tmp_path: Path, lake: Lake, n: int, per_round: int = 4, max_rou
             c.start(wait=False)
         for c in collectors:
             c.wait_healthy(60)
-        loop.start()
         same_retries = cross_retries = 0
         traces = []
         for r in range(max_rounds):  # a round every few tenths of a second: flushes land while builds read
-            if r >= 4 and loop.read_spans:
+            if r >= 3 and loop.read_spans:
                 break
-            if r == 2:  # each collector's index of the lake loaded (at its first flush), so the
+            if r == 1:  # each collector's index of the lake loaded (at its first flush), so the
                 for c in collectors:  # retries sent elsewhere from now on are found by no collector
                     drained(c, 120)
+                loop.start()  # and the builds begin, with files in the lake
             for i in range(r * per_round, (r + 1) * per_round):
                 t = trace(i)
                 traces.append(t)
@@ -132,7 +133,7 @@ def side_by_side(tmp_path: Path, lake: Lake, n: int, per_round: int = 4, max_rou
                     if i % 3 == 0:  # an exporter's retry after a lost answer: the same collector
                         assert post(collectors[c], body) == 200
                         same_retries += sum((i + k) % n == c for k in range(len(t.spans)))
-                    if i % 4 == 1 and c == 0 and r >= 2:  # a retry the load balancer sent elsewhere
+                    if i % 4 == 1 and c == 0 and r >= 1:  # a retry the load balancer sent elsewhere
                         assert post(collectors[1], body) == 200
                         cross_retries += sum((i + k) % n == 0 for k in range(len(t.spans)))
             time.sleep(0.3)
@@ -145,9 +146,13 @@ def side_by_side(tmp_path: Path, lake: Lake, n: int, per_round: int = 4, max_rou
                 counted(m, "nightshift_accepted_total")
             dropped += m.get("nightshift_duplicates_dropped", 0)
         loop.halt.set()
-        loop.join(300)
-        for c in collectors:
-            assert c.stop() == 0, c.log_tail()
+        if loop.ident:  # started
+            loop.join(300)
+        with ThreadPoolExecutor(n) as pool:  # SIGTERM to all at once, and the last build meanwhile:
+            stopping = [pool.submit(c.stop) for c in collectors]  # every acknowledged span is in the lake
+            final = build(lake)
+            for c, rc in zip(collectors, stopping):
+                assert rc.result() == 0, c.log_tail()
     finally:
         loop.halt.set()
         for c in collectors:
@@ -175,8 +180,7 @@ def side_by_side(tmp_path: Path, lake: Lake, n: int, per_round: int = 4, max_rou
     assert len(set(ids)) == n and all(sum(f"-{x}-" in name for x in ids) == 1 for name in names)
     assert {x for x in ids if any(f"-{x}-" in name for name in names)} == set(ids)
 
-    # the last build, after the collectors are gone: one trajectory per trace, each call once
-    final = build(lake)
+    # the last build, once everything acknowledged was in the lake: one trajectory per trace, each call once
     assert final.returncode == 0, final.stderr[-3000:]
     rows = lake.read("transitions", ["trajectory_id", "trace_id", "span_id"])
     assert rows.num_rows == len(traces) * CALLS
