@@ -61,23 +61,6 @@ def arms(rows: pl.DataFrame, outcomes: pl.DataFrame, trial: dict) -> tuple[list[
     return base["reward"].drop_nulls().to_list(), cand["reward"].drop_nulls().to_list()
 
 
-def _calls(data: str, agent: str, storage_options: dict | None) -> pl.DataFrame:
-    """One agent's calls with `prompt_seen` (null where the lake was built before the
-    route marked answers, or where nothing was rewritten)."""
-    rows = lake.calls(data, "", storage_options, agent=agent)
-    if "prompt_seen" in rows.columns:
-        return rows
-    try:
-        seen = (pl.scan_parquet(files(data, TRANSITIONS), missing_columns="insert",
-                                storage_options=storage_options or None, schema_overrides={"prompt_seen": pl.String})
-                .select("transition_id", "prompt_seen").collect())
-    except (pl.exceptions.ColumnNotFoundError, pl.exceptions.SchemaError, TypeError):
-        seen = None
-    if seen is None or "prompt_seen" not in seen.columns:
-        return rows.with_columns(pl.lit(None, pl.String).alias("prompt_seen"))
-    return rows.join(seen, on="transition_id", how="left")
-
-
 def _record(checkpoints: str, v: Verdict, w: WatchSettings, trial: dict, action: str, hours: float) -> None:
     """The decision in `gate-log.jsonl` beside the adapter canaries', when the job has
     a checkpoints folder (the report reads both)."""
@@ -123,7 +106,7 @@ def _judge_trial(data: str, store: str, trial: dict, w: WatchSettings, c: Canary
     started = dt.datetime.fromisoformat(trial["time"].replace("Z", "+00:00"))
     hours = (now - started).total_seconds() / 3600
     try:
-        rows = _calls(data, agent, storage_options)
+        rows = lake.calls(data, "", storage_options, agent=agent)  # with `prompt_seen`
         outcomes = lake.trajectory_outcomes(data, rows["trajectory_id"].unique().to_list(), storage_options)
     except (lake.NoTransitions, LayoutError) as e:  # nothing built yet, or files this version cannot read
         return None, [f"watch: nothing to judge prompt canary {cand} of {agent} by: {e}"]

@@ -86,9 +86,7 @@ def _lake(data, start: dt.datetime, arms: dict[str, tuple[str | None, float]], n
                     when=when)
             r["prompt_seen"] = seen
             rows.append(r)
-    schema = transitions.SCHEMA
-    if "prompt_seen" not in schema.names:  # the column attribution adds (schema version 3)
-        schema = schema.append(pa.field("prompt_seen", pa.string()))
+    schema = transitions.SCHEMA  # version 3: prompt_seen, the prompt version the model saw (the route's mark)
     folder = data / "transitions" / f"date={start.date().isoformat()}"
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), folder / f"part-{tag}.parquet")
