@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nightshift.settings import logs
 
-from . import flusher_process, flusher_stats, grpc_server, http_server, listen, receiver_main, wal
+from . import flusher_process, flusher_stats, http_server, listen, receiver_main, wal
 from .config import CollectorConfig
 from .fairness import ClientLimits
 from .metrics import Metrics
@@ -171,6 +171,8 @@ class Collector:
         try:
             if cfg.grpc and cfg.grpc != "off":
                 name = "grpc"
+                from . import grpc_server  # here: gRPC is 16 MiB of a receiver that listens on HTTP alone
+
                 self._grpc, self.grpc_port = grpc_server.bind(
                     cfg.grpc, self.pipeline, token=cfg.token, limit=cfg.max_request_bytes, workers=cfg.grpc_workers,
                     tls=tls_pair,

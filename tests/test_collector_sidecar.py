@@ -89,7 +89,7 @@ def test_the_flusher_process_imports_neither_polars_nor_pandas_nor_grpc():
 
 
 def test_the_receiver_imports_no_arrow_or_dataframe_library():
-    assert _imported("import nightshift.collector.server") == ["grpc"]
+    assert _imported("import nightshift.collector.server") == []
 
 
 def test_nightshift_collect_receives_without_the_command_lines_heavy_imports(collector):
@@ -100,3 +100,10 @@ def test_nightshift_collect_receives_without_the_command_lines_heavy_imports(col
     assert "polars" not in maps and "libarrow" not in maps
     assert collector.health()["status"] == "ok"
     assert collector.stop() == 0  # SIGTERM to the pid it was started as
+
+
+def test_a_collector_on_http_alone_loads_no_grpc(collector_factory):
+    c = collector_factory(extra_args=["--grpc", "off"]).start()
+    assert "cygrpc" not in open(f"/proc/{c.proc.pid}/maps").read()  # 16 MiB, measured
+    assert c.health()["status"] == "ok"
+    assert c.stop() == 0
