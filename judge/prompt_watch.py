@@ -32,7 +32,7 @@ from nightshift.prompts.versions import assign
 from nightshift.publish import prompt_canary as trials
 from nightshift.publish.canary import CanarySettings
 from nightshift.route.client import RouteClient, RouteError, prompt_name
-from nightshift.schemas.layout import TRANSITIONS, LayoutError, files
+from nightshift.schemas.layout import LayoutError
 
 from . import gatelog
 from .watch import Verdict, WatchSettings, canary_action, judge

@@ -68,7 +68,8 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
                      share: float, adapter_canary: dict | None) -> list[str]:
     """For each agent on prompt optimization: one APO round (propose, then screen with
     `apo.gate.command` when set), and the best candidate that passed on the route as
-    a prompt canary. `table`: every agent's prompt versions (`prompts.versions.by_agent`). Each agent's failure is said and the others go on."""
+    a prompt canary. `table`: every agent's prompt versions (`prompts.versions.by_agent`).
+    Each agent's failure is said and the others go on."""
     from nightshift.prompts.client import ProposerError
     from nightshift.prompts.propose import ApoError, propose
 

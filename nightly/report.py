@@ -253,8 +253,9 @@ def plot(history: list[dict], data: str, path: Path, *, checkpoints: str | None 
 
 def markdown(run: dict, history: list[dict], png_name: str) -> str:
     lines = [f"# Nightshift nightly run {run['run_id']}", "", f"**Outcome:** {run.get('outcome', '?')}", ""]
-    for stage, key in (("Build", "build"), ("Production watch", "watch"), ("Prompt canaries: the watch", "prompt_watch"),
-                       ("Prompt optimization", "prompts"), ("Train", "train"), ("Gate", "gate_lines"),
+    for stage, key in (("Build", "build"), ("Production watch", "watch"),
+                       ("Prompt canaries: the watch", "prompt_watch"), ("Prompt optimization", "prompts"),
+                       ("Train", "train"), ("Gate", "gate_lines"),
                        ("Publish", "publish_lines"), ("Reward by version", "versions"),
                        ("Reward by prompt version", "prompt_versions")):
         body = run.get(key)

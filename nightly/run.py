@@ -272,7 +272,8 @@ def _prompt_stage(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -> N
     from nightshift.prompts.versions import by_agent, lines
 
     try:
-        table = by_agent(apo_cfg.data, apo_cfg.since, apo_cfg.storage_options, min_trajectories=apo_cfg.min_trajectories)
+        table = by_agent(apo_cfg.data, apo_cfg.since, apo_cfg.storage_options,
+                         min_trajectories=apo_cfg.min_trajectories)
     except Exception as e:  # noqa: BLE001 - no transitions yet, a lake it cannot read: said, not fatal
         state["prompts"] = [f"prompt optimization: the prompt versions could not be read: {e}"]
         return
