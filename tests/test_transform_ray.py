@@ -133,3 +133,24 @@ def test_a_worker_killed_mid_bucket_is_retried_and_nothing_half_written(tmp_path
     local = B.build(c, now_ns=now)
     assert local.transitions == 48 and lines(local, data) == lines(remote, on_ray)
     same(data, on_ray)
+
+
+def test_a_span_file_it_cannot_read_is_one_sentence_on_ray_as_in_one_process(tmp_path, cluster):
+    """Issue 28 item 4: a task's `LayoutError` comes back as the local engine raises it,
+    the sentence `nightshift build` prints (exit 2), not the worker's traceback."""
+    import pyarrow.parquet as pq
+
+    from nightshift.schemas.layout import LayoutError
+
+    for seed in ("a", "b"):
+        t = Trace(seed)
+        t.span("chat m1", genai_call("task", "answer"), start=1, end=2)
+        write_spans(tmp_path, [t], batch=seed)
+    (spoiled,) = (tmp_path / "spans").rglob("part-b.parquet")
+    table = pq.read_table(spoiled)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"nightshift.schema_version": b"99"}),
+                   spoiled)
+    with pytest.raises(LayoutError) as e:
+        B.build(cfg(tmp_path, "ray", settle=0))
+    said = str(e.value)
+    assert said.startswith(f"{spoiled} is spans schema version 99") and "\n" not in said and "ray::" not in said

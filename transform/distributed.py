@@ -27,6 +27,8 @@ import socket
 import sys
 from typing import Callable, TypeVar
 
+from nightshift.schemas.layout import LayoutError
+
 log = logging.getLogger("nightshift.transform")
 
 J = TypeVar("J")
@@ -154,6 +156,8 @@ def _on_ray(work, jobs, shared, tick):
         try:
             out[refs[ready[0]]] = ray.get(ready[0])
         except ray.exceptions.RayTaskError as e:  # the job's own error, as the local engine raises it
+            if isinstance(e.cause, LayoutError):  # a file it cannot read: its one sentence, not the worker's traceback
+                raise e.cause from None
             raise e.as_instanceof_cause() from None
         except ray.exceptions.RayError as e:  # its worker died more often than it was retried
             raise EngineError(f"task {refs[ready[0]] + 1} of {len(jobs)} failed on Ray after {RETRIES} retries "
