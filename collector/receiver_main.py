@@ -21,7 +21,7 @@ import sys
 
 MODULE = "nightshift.collector"
 #: Set in the fresh image: `run` there serves instead of exec'ing again.
-ENV = "NIGHTSHIFT_COLLECTOR_LEAN"
+ENV = "_NIGHTSHIFT_RECEIVER_LEAN"  # outside the settings' NIGHTSHIFT_COLLECTOR_* names
 #: What a receiver never imports; any of them loaded means a fresh start is worth it.
 HEAVY = ("polars", "pyarrow", "numpy", "pandas", "torch", "transformers")
 
