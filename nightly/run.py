@@ -80,7 +80,7 @@ class NightlyConfig(PublishSettings):
     def rules(self) -> None:
         for agent, kind in self.agents.items():
             if kind not in KINDS:
-                raise invalid(f"agents.{agent}", f"is {str(kind)[:40]!r}: one of {', '.join(KINDS)}")
+                raise invalid(f"agents.{agent}", f"must be one of {', '.join(KINDS)}, got {str(kind)[:40]!r}")
         if self.canary.share > 0:
             if not self.canary.route_url:
                 raise invalid("canary.route_url", "canary.share > 0 needs the routing proxy's address (nightshift "

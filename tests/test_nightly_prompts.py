@@ -129,3 +129,18 @@ def test_never_two_experiments_on_one_agent(tmp_path):
     assert out[0].startswith("prompt optimization for hosted-agent: no candidate started:") and "not JSON" in out[0]
     assert not experiments.trains_weights("prompts", {"hosted-agent": "prompts"})
     assert experiments.trains_weights("prompts", agents)
+
+
+def test_an_agent_given_an_experiment_that_is_none_is_refused_in_one_sentence(tmp_path):
+    import pytest
+
+    from nightshift.settings import SettingsError, load
+
+    cfg = tmp_path / "n.yaml"
+    cfg.write_text("nightly:\n  experiments: prompts\n  agents: {solver: both, planner: sometimes}\n")
+    with pytest.raises(SettingsError, match=r"^nightly\.agents\.planner: must be one of weights, prompts, both, off, "
+                                            r"got 'sometimes'$"):
+        load(NightlyConfig, "nightly", str(cfg), {}, env={})
+    cfg.write_text("nightly:\n  agents: {solver: both}\n  prompts: {share: 0.2}\n")
+    n = load(NightlyConfig, "nightly", str(cfg), {}, env={})
+    assert (n.experiments, n.agents, n.prompts.share) == ("weights", {"solver": "both"}, 0.2)
