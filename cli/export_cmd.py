@@ -48,7 +48,8 @@ def add_export(sub, common) -> None:
 
     e = sub.add_parser("export", help="write the transitions as chat-format training examples (Parquet or JSON lines)",
                        description=DESCRIPTION, epilog=epilog(EPILOG, *TRANSFORM_SETTINGS,
-                                                              "0 written, 1 nothing to export, 2 bad arguments"),
+                                                              "0 written, 1 nothing to export, 2 bad arguments or "
+                                                              "transitions this version cannot read"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     common(e, TransformConfig, "transform", ("data", "storage_options", "since", "until"))
     e.add_argument("--to", required=True, metavar="FILE", help="the output: .parquet, .jsonl or .json")
@@ -63,6 +64,7 @@ def add_export(sub, common) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from nightshift.transform.config import TransformConfig
+    from nightshift.schemas.layout import LayoutError
     from nightshift.transform.export import ExportError, NothingToExport, export
 
     from .console import say, setup_logging
@@ -72,7 +74,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         st = export(cfg.data, args.to, args.fmt, args.arguments, rewarded_only=args.rewarded, agents=args.agents,
                     since=cfg.since, until=cfg.until, storage_options=cfg.storage_options)
-    except ExportError as e:
+    except (ExportError, LayoutError) as e:
         say(f"nightshift export: {e}", args.log_format)
         return 1 if isinstance(e, NothingToExport) else 2
     left = [f"{n} {why}" for n, why in ((st.no_content, "without their messages (content capture was off: see "

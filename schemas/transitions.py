@@ -113,6 +113,8 @@ READERS: dict[str, tuple[str, ...]] = {
     "nightshift prompts": ("transition_id", "trajectory_id", "trace_id", "span_id", "step", "agent_name",
                            "service_name", "input_messages", "output_message", "tools", "flags", "finish_reason",
                            "response_model", "model", "reward", "start_time"),
+    # without them a row is no example (a missing output_message read as "content capture was off")
+    "nightshift export": ("input_messages", "output_message"),
     # an incremental build reads back the partitions it keeps, to pool their advantages
     "nightshift build": ("transition_id", "trajectory_id", "group_id", "return", "weight", "advantage"),
 }

@@ -210,6 +210,19 @@ def test_watch_refuses_transitions_it_cannot_read_and_rolls_nothing_back(tmp_pat
     assert registry.current(str(ck))["version"] == "v0001" and not (ck / "gate-log.jsonl").exists()
 
 
+
+@pytest.mark.parametrize("spoil", ["future", "missing"])
+def test_export_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(tmp_path, capsys, spoil):
+    data, spoiled = _transitions(tmp_path)
+    _rewrite(spoiled, **({"version": FUTURE} if spoil == "future" else {"drop": "output_message"}))
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", "--data", str(data), "--to", str(out)]) == 2
+    said = _one_sentence(capsys.readouterr().err, spoiled)
+    assert ("transitions schema version 99" in said if spoil == "future"
+            else "lacks the column(s) output_message that nightshift export needs" in said)
+    assert not out.exists() and not list(tmp_path.glob(".sft.jsonl.*"))  # nothing half-written
+
+
 # --- one place spells the layout --------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]

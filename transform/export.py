@@ -138,7 +138,10 @@ def _rows(fs, root: str, since: str, until: str, stats: ExportStats) -> Iterator
             try:
                 with fs.open(f, "rb") as fh:
                     pf = pq.ParquetFile(fh)
-                    cols = [c for c in _READ if c in set(pf.schema_arrow.names)]
+                    schema = pf.schema_arrow
+                    # a newer version, or no messages: one sentence (exit 2), not "0 exported, no content"
+                    layout.check(layout.shown(fs, f), schema, layout.TRANSITIONS, "nightshift export")
+                    cols = [c for c in _READ if c in set(schema.names)]
                     for batch in pf.iter_batches(batch_size=2048, columns=cols):
                         yield from batch.to_pylist()
             except (pa.ArrowException, OSError) as e:
