@@ -223,6 +223,18 @@ def test_export_refuses_transitions_it_cannot_read_with_one_sentence_and_exit_2(
     assert not out.exists() and not list(tmp_path.glob(".sft.jsonl.*"))  # nothing half-written
 
 
+
+def test_every_reader_still_reads_a_lake_of_transitions_version_1(tmp_path, capsys):
+    """Files written before the columns later versions added: read, those columns null."""
+    data, _ = _transitions(tmp_path)
+    later = [c for v, cols in transitions.ADDED.items() for c in cols]
+    for p in sorted((data / "transitions").rglob("*.parquet")):
+        t = pq.read_table(p)
+        pq.write_table(t.drop(later).replace_schema_metadata({**t.schema.metadata, METADATA_VERSION: b"1"}), p)
+    for args in (["versions"], ["prompts"], ["export", "--to", str(tmp_path / "sft.jsonl")]):
+        assert main([*args, "--data", str(data)]) == 0, capsys.readouterr().err
+
+
 # --- one place spells the layout --------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
