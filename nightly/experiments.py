@@ -98,6 +98,13 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
             out.append(f"{agent}: no prompt canary: its prompt {current.id} is also sent by "
                        f"{', '.join(current.shared_with)}, whose conversations the route would rewrite too")
             continue
+        kept = [p for p in trials.applied(entries, agent)
+                if current is not None and p["match"] == current.version.system_hash]
+        if kept:
+            out.append(f"{agent}: promoted prompt {kept[0].get('version')} is applied by the route in place of the "
+                       "agent's own: put it in the agent's code to try the next one (the route holds one candidate "
+                       "per prompt)")
+            continue
         if adapter_canary is not None and wants(kind_of(agent, default, agents), "weights"):
             out.append(f"{agent}: refused a prompt canary: adapter canary {adapter_canary.get('version')} is being "
                        "judged on the model it calls; one experiment per agent at a time")
@@ -113,7 +120,8 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
             out.append(f"{agent}: {len(rnd.stored)} prompt candidate(s) proposed; {why}")
             continue
         try:
-            trials.start(store, pick, client, share, agent=agent)
+            trials.start(store, pick, client, share, agent=agent,
+                         match=current.version.system_hash if current is not None else "")
         except trials.TrialError as e:
             out.append(f"{agent}: prompt candidate {pick.version} not started: {e}")
             continue

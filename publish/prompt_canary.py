@@ -138,10 +138,16 @@ def applied(entries: list[dict], agent: str | None = None) -> list[dict]:
 
 
 def start(store: str, candidate, client: RouteClient, share: float, *, agent: str, model: str = "",
-          storage_options: dict | None = None) -> dict:
+          match: str = "", storage_options: dict | None = None) -> dict:
     """Put `candidate` (a `prompts.store.Candidate`) on `share` of `agent`'s
-    conversations whose prompt is the candidate's parent, and record it. Refused when
-    that agent already has a trial running: two at once could not be told apart."""
+    conversations whose prompt is `match` (the system id of the prompt the agent
+    sends; default: the candidate's parent, which is that prompt when the parent came
+    from the lake, not when it is an earlier candidate from the beam), and record it.
+
+    Refused when that agent already has a trial running (two at once could not be
+    told apart), or a promoted prompt applied on that same prompt: the route holds
+    one candidate per prompt, so a new trial would take the promoted one away from
+    the conversations outside its share."""
     entries = read(store, storage_options)
     busy = running(entries, agent)
     if busy:
@@ -149,11 +155,16 @@ def start(store: str, candidate, client: RouteClient, share: float, *, agent: st
                          f"{busy[0]['time']}: one experiment per agent at a time")
     man = candidate.manifest
     try:
-        match, cand = man["parent"]["system_hash"], man["candidate"]["system_hash"]
+        match, cand = match or man["parent"]["system_hash"], man["candidate"]["system_hash"]
         system, version_id = man["candidate"]["system"], man["candidate"]["version_id"]
     except (KeyError, TypeError):
         raise TrialError(f"{candidate.path}: its manifest names no parent and candidate prompt (system_hash, "
                          "system, version_id)") from None
+    kept = [p for p in applied(entries, agent) if p["match"] == match]
+    if kept:
+        raise TrialError(f"agent {agent!r}'s prompt {match} is replaced by promoted candidate {kept[0].get('version')} "
+                         "on the route: put it in the agent's own code first (the route holds one candidate per "
+                         "prompt, and a new trial would take the promoted one from the other conversations)")
     try:
         client.set_prompt(match, cand, system, share, agent=agent, model=model or man.get("model") or "")
     except RouteError as e:

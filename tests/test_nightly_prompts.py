@@ -101,7 +101,9 @@ def test_never_two_experiments_on_one_agent(tmp_path):
             return next(a for a in self if a.agent == name)
 
     def agent(name, shared=()):
-        return type("A", (), {"agent": name, "current": type("V", (), {"id": "c0ffee", "shared_with": list(shared)})})
+        version = type("P", (), {"system_hash": "d" * 12})
+        return type("A", (), {"agent": name, "current": type("V", (), {"id": "c0ffee", "shared_with": list(shared),
+                                                                      "version": version})})
 
     table = Table([agent("both-agent"), agent("hosted-agent")])
     agents = {"both-agent": "both", "hosted-agent": "prompts"}
@@ -115,6 +117,13 @@ def test_never_two_experiments_on_one_agent(tmp_path):
                                        "http://127.0.0.1:9", "", 0.1, None)
     assert out == ["hosted-agent: no prompt canary: its prompt c0ffee is also sent by billing-agent, whose "
                    "conversations the route would rewrite too"]
+    # a promoted prompt the route applies in place of the agent's own: no trial on top of it
+    trials.append(str(store), {"role": "canary_end", "outcome": "promoted", "agent": "hosted-agent", "match": "d" * 12,
+                               "candidate": "e" * 12, "version": "v0007"})
+    out = experiments.optimize_prompts(apo, Table([agent("hosted-agent")]), "weights", agents, "http://127.0.0.1:9",
+                                       "", 0.1, None)
+    assert out == ["hosted-agent: promoted prompt v0007 is applied by the route in place of the agent's own: put it "
+                   "in the agent's code to try the next one (the route holds one candidate per prompt)"]
     # a prompt canary runs on an agent also on weights: it holds a new adapter back; a hosted agent's does not
     for agent in ("both-agent", "hosted-agent"):
         trials.append(str(store), {"role": "canary", "agent": agent, "match": "a" * 12, "candidate": "b" * 12,

@@ -133,6 +133,10 @@ def test_a_prompt_canary_is_promoted_kept_until_the_agent_changes_its_prompt_and
     logged = [e for e in gatelog.read(str(ckpt))[0] if e.get("prompt")]
     assert logged[-1]["action"] == "promoted" and logged[-1]["agent"] == "support"
 
+    # no new trial on top of it: the route holds one candidate per prompt
+    with pytest.raises(trials.TrialError, match="is replaced by promoted candidate v0001 on the route"):
+        trials.start(store, _candidate(store, BAD), client, 0.3, agent="support")
+
     # the route applies it; once the agent sends a changed prompt of its own, the promotion is retired
     assert "+p:" in _chat(r.url, AGENT)
     _, lines = watch_prompts(str(data), store, w, c)
