@@ -45,7 +45,7 @@ _SEP = "\x1e"
 
 def interval(values: list[float], binary: bool) -> tuple[float, float]:
     """95 % interval of a mean: Wilson's for success rates (honest near 0 and 1), the
-    normal one with the sample variance otherwise (publish/versions.py's, copied)."""
+    normal one with the sample variance otherwise (judge/versions.py's, copied)."""
     n = len(values)
     mean = sum(values) / n
     z = 1.959964
