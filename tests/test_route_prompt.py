@@ -351,3 +351,23 @@ def test_the_responses_api_input_messages_and_stream_events_are_handled():
     m = StreamMarker(tag("ab12cd34ef56"))
     out = m.feed(stream[:50]) + m.feed(stream[50:]) + m.flush()
     assert out == stream.replace(b'"gpt-x-2024"', b'"gpt-x-2024+p:ab12cd34ef56"') and m.marked == 1
+
+
+def test_a_template_with_alignment_slots_matches_each_rendering_and_fills_the_candidate():
+    """`nightshift prompts` folds names and the like into {{var}} slots by aligning the
+    agent's prompts; the route gets that template in `match_system` and recognises one
+    request's rendering of it by its literal text."""
+    templ = "You help {{var}} with their orders. Today is {{date}}. Be brief."
+    cand = "You help {{var}} with their orders ({{date}}). Look the order up first."
+    r = parse(f"prompt:{system_id([templ])}", {"kind": "prompt", "candidate": system_id([cand]), "system": cand,
+                                                "share": 1.0, "match_system": [templ]})
+    router = PromptRouter()
+    for name in ("Alice", "Bob Stone"):
+        body = _chat([f"You help {name} with their orders. Today is 2026-11-26. Be brief."])
+        parsed = read(body)
+        m = router.find(parsed, {r.serving: r})
+        assert m is not None, name
+        got = json.loads(edited(body, router.edits(m, parsed)))
+        assert got["messages"][0]["content"] == f"You help {name} with their orders (2026-11-26). Look the order up first."
+    assert router.find(read(_chat(["You help Alice with refunds. Today is 2026-11-26. Be brief."])),
+                       {r.serving: r}) is None
