@@ -35,8 +35,16 @@ PUTs the route with the share; the watch promotes (PUT serving = the candidate)
 or rolls back (PUT serving = the previous version, no candidate). Several proxies
 in front of one vLLM each keep their own table: PUT to each.
 
+Prompt routes (`prompt.py`, issue 27) make the same sticky choice for a system
+prompt: `PUT /nightshift/routes/prompt:<the agent's system id>` with `{"kind":
+"prompt", "candidate", "system", "share"}` puts a stored candidate's text (checked
+against its id) in place of the leading system messages of that share of the
+conversations whose prompt has that id, in the raw bytes, and marks their answers'
+`model` `+p:<version>` (`mark.py`) so the build attributes each call to the prompt
+the model saw. docs/prompts.md has the rules.
+
 Also on the proxy: `GET /healthz`, `GET /metrics` (Prometheus, `metrics.py`),
 one log line per decision. Modules: `config.py` (settings), `table.py`,
-`choose.py`, `paths.py`, `headers.py`, `rewrite.py`, `proxy.py`, `upstream.py`,
+`choose.py`, `paths.py`, `headers.py`, `rewrite.py`, `prompt.py`, `mark.py`, `proxy.py`, `upstream.py`,
 `control.py`, `client.py`, `metrics.py`, `server.py`.
 """
