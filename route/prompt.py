@@ -45,7 +45,8 @@ log = logging.getLogger("nightshift.route")
 _WS = re.compile(r"[ \t\n\r]*")
 _ALIGNED = re.compile(r"var(?:_\d+)?")  # the slots alignment names (schemas.prompt_template._name("var", ...))
 ALIKE = 0.6  # share of words two prompts keep in common to be one agent's edit
-CACHE = 4096  # distinct system prompts remembered with their id and values
+CACHE = 1024  # distinct system prompts remembered with their id and values
+CACHE_CHARS = 16384  # ... each at most this long: the cache holds at most 16 M characters, whatever agents send
 
 
 class Ambiguous(ValueError):
@@ -115,9 +116,11 @@ class PromptRouter:
                 norms.append(n)
                 for k, x in v.items():
                     values.setdefault(k, x)
-            got = self.folded[key] = (norms, values, system_id(norms))
-            if len(self.folded) > CACHE:
-                self.folded.popitem(last=False)
+            got = (norms, values, system_id(norms))
+            if sum(map(len, texts)) <= CACHE_CHARS:
+                self.folded[key] = got
+                if len(self.folded) > CACHE:
+                    self.folded.popitem(last=False)
         return got
 
     def find(self, body: Body, routes: dict[str, Route]) -> Match | None:

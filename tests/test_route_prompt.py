@@ -371,3 +371,16 @@ def test_a_template_with_alignment_slots_matches_each_rendering_and_fills_the_ca
         assert got["messages"][0]["content"] == f"You help {name} with their orders (2026-11-26). Look the order up first."
     assert router.find(read(_chat(["You help Alice with refunds. Today is 2026-11-26. Be brief."])),
                        {r.serving: r}) is None
+
+
+def test_the_fold_cache_is_bounded_in_entries_and_size():
+    """Agents whose prompt embeds per-request data send a new text every time; long
+    ones (a pasted document) are not kept at all, so the cache stays under 16 M
+    characters whatever agents send (it held 4,096 texts of any length before)."""
+    from nightshift.route import prompt as P
+
+    router, r = PromptRouter(), _route(1.0)
+    for i in range(P.CACHE + 50):
+        router.find(read(_chat([f"Prompt number {i} " + "x" * (200 if i % 2 else P.CACHE_CHARS + 1)])), {r.serving: r})
+    assert len(router.folded) <= P.CACHE
+    assert all(sum(map(len, k)) <= P.CACHE_CHARS for k in router.folded)
