@@ -214,7 +214,8 @@ def _prompt_route(args: argparse.Namespace) -> dict:
             man = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
             got = {"agent": args.agent or folder.resolve().parent.name, "model": args.model or man.get("model") or "",
                    "match": man["parent"]["system_hash"], "candidate": man["candidate"]["system_hash"],
-                   "system": man["candidate"]["system"]}
+                   "system": man["candidate"]["system"], "match_system": _parent_template(folder,
+                                                                                         man["parent"]["system_hash"])}
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SettingsError(f"--from {folder}: not a stored prompt candidate ({type(e).__name__}: {e})") from None
     elif args.text_file:
@@ -227,11 +228,28 @@ def _prompt_route(args: argparse.Namespace) -> dict:
     return got
 
 
+def _parent_template(folder, match: str) -> list[str] | None:
+    """The agent's prompt as a template (parent/prompt.json's system texts), when it is
+    the one matched: the proxy then recognises renderings of {{var}} slots, and skips
+    folding prompts that do not hold its text."""
+    import json
+
+    from nightshift.schemas.prompt_identity import system_id
+
+    try:
+        texts = json.loads((folder / "parent" / "prompt.json").read_text(encoding="utf-8"))["system"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts) and system_id(texts) == match
+    return texts if ok else None
+
+
 def cmd_prompt(args: argparse.Namespace) -> int:
     def put(client):
         got = _prompt_route(args)
         return [_line(client.set_prompt(got["match"], got["candidate"], got["system"], args.share,
-                                        agent=got["agent"] or "", model=got["model"] or ""))]
+                                        agent=got["agent"] or "", model=got["model"] or "",
+                                        match_system=got.get("match_system")))]
 
     return _control(args, put)
 

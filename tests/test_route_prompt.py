@@ -320,10 +320,13 @@ def test_a_share_of_one_agents_conversations_gets_the_candidate_and_says_so(echo
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"parent": {"system_hash": MATCH}, "model": "gpt-x", "candidate": {
         "system_hash": CAND, "system": CANDIDATE}}))
+    (folder / "parent").mkdir()
+    (folder / "parent" / "prompt.json").write_text(json.dumps({"version_id": "x", "system": [AGENT_T], "tools": []}))
     cli = [sys.executable, "-m", "nightshift.cli.route_cmd", "route"]
     done = subprocess.run([*cli, "prompt", "--from", str(folder), "--share", "0", "--url", r.url], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and f"prompt:{MATCH} (agent support): candidate {CAND} at 0 %" in done.stdout, done
+    assert r.call("GET", f"/nightshift/routes/prompt:{MATCH}")[1]["route"]["match_system"] == [AGENT_T]
     shown = subprocess.run([*cli, "show", "--url", r.url], capture_output=True, text=True, timeout=60)
     assert f"prompt:{MATCH} (agent support): candidate {CAND} at 0 %" in shown.stdout
     assert f"the agent now sends prompt {system_id([AGENT_T + ' Be warm.'])}: the trial no longer applies" in shown.stdout
@@ -384,3 +387,20 @@ def test_the_fold_cache_is_bounded_in_entries_and_size():
         router.find(read(_chat([f"Prompt number {i} " + "x" * (200 if i % 2 else P.CACHE_CHARS + 1)])), {r.serving: r})
     assert len(router.folded) <= P.CACHE
     assert all(sum(map(len, k)) <= P.CACHE_CHARS for k in router.folded)
+
+
+def test_prompts_that_cannot_match_are_not_folded():
+    """Folding is the costly part of matching (a 100 KB prompt full of numbers took
+    190 ms, on the request path): a prompt without the route's template text in it, or
+    far longer than any route's, is passed over before it."""
+    from nightshift.route import prompt as P
+
+    r = _route(1.0, match_system=[AGENT_T])
+    router, routes = PromptRouter(), {r.serving: r}
+    dense = " ".join(f"order {i} on 2026-11-{i % 28 + 1:02d} at 10:{i % 60:02d}" for i in range(3000))
+    assert router.find(read(_chat([dense])), routes) is None and not router.folded
+    assert router.find(read(_chat([AGENT.format(day="2026-11-26") + " " + "x" * P.MATCH_CHARS])), routes) is None
+    assert not router.folded
+    assert router.find(read(_chat([AGENT.format(day="2026-11-26")])), routes) is not None and len(router.folded) == 1
+    blind = _route(1.0)  # no template given: every prompt up to MATCH_CHARS is folded to be told
+    assert PromptRouter().find(read(_chat([AGENT.format(day="2026-11-26")])), {blind.serving: blind}) is not None
