@@ -404,3 +404,24 @@ def test_prompts_that_cannot_match_are_not_folded():
     assert router.find(read(_chat([AGENT.format(day="2026-11-26")])), routes) is not None and len(router.folded) == 1
     blind = _route(1.0)  # no template given: every prompt up to MATCH_CHARS is folded to be told
     assert PromptRouter().find(read(_chat([AGENT.format(day="2026-11-26")])), {blind.serving: blind}) is not None
+
+
+def test_a_long_prompt_full_of_numbers_folds_as_a_full_pass_does():
+    """The fold on the request path is linear now (whitespace found once, slot names
+    counted on): it must name and fold exactly what a plain pass of the patterns does,
+    on a long prompt with no newline and thousands of values."""
+    from nightshift.schemas import prompt_template as T
+
+    text = " ".join(f"order {i} of 2026-11-{i % 28 + 1:02d} at 10:{i % 60:02d} id {1000000 + i}" for i in range(600))
+    used, values = set(), {}
+
+    def repl(m):
+        name, n = m.lastgroup, 1
+        while name in used:
+            n += 1
+            name = f"{m.lastgroup}_{n}"
+        used.add(name)
+        values[name] = m.group(0)
+        return "{{" + name + "}}"
+
+    assert T.normalize(text) == (T._KIND_RE.sub(repl, text), values)
