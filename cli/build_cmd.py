@@ -30,7 +30,12 @@ started, however late), log events, feedback files added, rewritten or removed,
 trajectories that settled since, partitions changed by hand. It leaves the same
 rows as a full build at the same clock, advantages included (kept dates whose
 advantages the new rows moved are rewritten). What it read is in
-<data>/build/state.json; a state it cannot use is named and a full build done."""
+<data>/build/state.json; a state it cannot use is named and a full build done.
+
+--build-engine ray runs the buckets of traces as Ray tasks: on a local cluster
+(--build-workers processes), or on the cluster at --build-ray-address (or
+RAY_ADDRESS). The rows are those of a build in one process (with the same
+--build-buckets); the partitions are committed here, each whole."""
 
 EPILOG = """YAML section `transform:` (and top-level `data:`), e.g.:
 
@@ -41,7 +46,8 @@ EPILOG = """YAML section `transform:` (and top-level `data:`), e.g.:
     agents_include: "writer|rewriter"
     reward: {name: "", keys: [app.reward], functions: [mypkg.rewards:judge], prefer: [feedback, function, span]}
     credit: {strategy: identical, gamma: 0.9}   # identical | discounted | last | per_step
-    advantage: {baseline: group, normalize: false, weighting: trajectory}"""
+    advantage: {baseline: group, normalize: false, weighting: trajectory}
+    build: {engine: ray, buckets: 16}   # buckets as Ray tasks (pip install 'nightshift[distributed]'); same rows"""
 
 #: Where the transform stage's commands read their settings (`helptext.tail`'s first two).
 TRANSFORM_SETTINGS = ("the `transform:` section and top-level `data:`",
