@@ -305,8 +305,9 @@ A JSON object on its last stdout line is kept with the decision in
 <checkpoints>/gate-log.jsonl."""
 
 NIGHTLY_EXITS = ("0 done (published, held back by the gate, a canary the routing proxy could not take, or nothing "
-                 "new: see the report), 1 a stage failed (the next run resumes it), 2 bad settings or a state file it "
-                 "cannot resume from (the message says which), 75 another run holds the lock (try later)")
+                 "new: see the report), 1 a stage failed (the next run resumes it), 2 bad settings, a state file it "
+                 "cannot resume from or a dataset this version cannot read (the message says which; the next run "
+                 "resumes), 75 another run holds the lock (try later)")
 
 NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, train, nightly):
 
