@@ -3,8 +3,9 @@ tool (a calculator for arithmetic, a lookup for what colour things are today), a
 tool call, the tool's result read back, and a final answer. Two LLM calls per episode, and only
 the final answer is checked, but the first call's tool choice decides it: credit
 assignment matters. A tool asked the wrong kind of question says so in an error
-(as real tools do), and the system prompt can carry instructions the behaviour
-policy follows (instructions.py): what a failure says is what a prompt can fix.
+(as real tools do), and the system prompt can carry instructions that the
+prompt-sensitive behaviour policy follows (instructions.py, policy.InstructSpec):
+what a failure says is what a prompt can fix.
 
 Plain Python, no Nightshift: the agent program, the demo and the learning
 benchmark all use it.
