@@ -145,3 +145,22 @@ def test_reading_the_train_settings_loads_neither_torch_nor_polars():
 
 def test_kto_by_tokens_picks_its_own_rows_per_step():
     cfg(algorithm="kto", batch_size=0, base_model="tiny").check()  # 0: by tokens, at least 2 rows a batch
+
+
+def test_calls_answered_under_a_route_prompt_trial_are_left_out_and_counted(tmp_path):
+    """A call whose answer the route marked (`prompt_seen`, issue 27) was answered to
+    a candidate system prompt, not the one in its input_messages: training on the row
+    as recorded teaches the answer to a state the model never had."""
+    from transitions_data import row, write
+
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.trainer.select import select
+
+    rows = [row(f"q{i}", f"a{i}", 1.0) for i in range(5)]
+    for r in rows:
+        r["prompt_seen"] = None
+    rows[1]["prompt_seen"] = rows[3]["prompt_seen"] = "0123456789ab"
+    write(tmp_path / "data", rows)
+    sel = select(TrainConfig(data=str(tmp_path / "data")))
+    assert sorted(r["transition_id"] for r in sel.rows) == sorted(rows[i]["transition_id"] for i in (0, 2, 4))
+    assert [n for why, n in sel.excluded.items() if "prompt_seen" in why] == [2]

@@ -45,6 +45,7 @@ OPTIONAL = {
     "completion_logprobs": pl.List(pl.Float32),
     "policy_version": pl.Utf8,
     "temperature": pl.Float64,
+    "prompt_seen": pl.Utf8,
 }
 
 
@@ -186,6 +187,11 @@ def _unusable(r: dict, cfg: TrainConfig) -> str:
     out = r["output_message"]
     if out is None or (not out.get("content") and not out.get("tool_calls")):
         return "no output message (content not captured)"
+    if r.get("prompt_seen"):
+        # The route put a candidate system prompt in front of the model (issue 27): the
+        # answer was written to that prompt, the row's input_messages hold the agent's.
+        # Trained on as recorded, the model would learn the answer to a state it never had.
+        return "answered under a route's prompt trial (prompt_seen): its recorded prompt is not what the model saw"
     return ""
 
 
