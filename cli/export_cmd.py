@@ -79,7 +79,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 1 if isinstance(e, NothingToExport) else 2
     left = [f"{n} {why}" for n, why in ((st.no_content, "without their messages (content capture was off: see "
                                                         "`nightshift doctor`)"),
-                                        (st.unrated, "without a reward"), (st.not_selected, "of other agents")) if n]
+                                        (st.unrated, "without a reward"), (st.not_selected, "of other agents"),
+                                        (st.prompt_trial, "answered under a route's prompt trial (their recorded "
+                                                          "system prompt is not the one the model saw)")) if n]
     print(f"exported {st.written} of {st.rows} transitions to {args.to} ({args.fmt}, arguments as {args.arguments})"
           + (f"; left out: {', '.join(left)}" if left else ""))
     return 0 if st.written else 1

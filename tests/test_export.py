@@ -187,3 +187,21 @@ def test_trls_sft_trainer_trains_on_the_export_as_it_loads(built, tiny_model, tm
         result = trainer.train()
         assert result.global_step == 1 and result.training_loss > 0
         assert len(trainer.train_dataset) == 5
+
+
+def test_calls_answered_under_a_route_prompt_trial_are_left_out_and_counted(tmp_path, capsys):
+    """A marked answer (`prompt_seen`, issue 27) was written to the route's candidate
+    prompt: exported with the agent's recorded prompt, it would teach another trainer
+    the answer to a state the model never had."""
+    from transitions_data import row, write
+
+    rows = [row(f"question {i}", f"answer number {i}", 1.0) for i in range(4)]
+    for r in rows:
+        r["prompt_seen"] = None
+    rows[2]["prompt_seen"] = "0123456789ab"
+    write(tmp_path / "data", rows)
+    assert run("--data", str(tmp_path / "data"), "--to", str(tmp_path / "x.jsonl")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("exported 3 of 4 transitions") and "1 answered under a route's prompt trial" in out
+    text = (tmp_path / "x.jsonl").read_text()
+    assert "answer number 2" not in text and "answer number 3" in text

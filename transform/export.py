@@ -45,7 +45,7 @@ SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
 META = {"transition_id": pa.string(), "trajectory_id": pa.string(), "step": pa.int32(), "agent_name": pa.string(),
         "model": pa.string(), "reward": pa.float64(), "return": pa.float64(), "advantage": pa.float64(),
         "weight": pa.float64()}
-_READ = list(META) + ["input_messages", "output_message", "tools", "flags"]
+_READ = list(META) + ["input_messages", "output_message", "tools", "flags", "prompt_seen"]
 
 
 class ExportError(ValueError):
@@ -63,6 +63,7 @@ class ExportStats:
     no_content: int = 0  # left out: recorded without messages (content capture was off)
     unrated: int = 0  # left out by `rewarded_only`
     not_selected: int = 0  # left out by the agent regex
+    prompt_trial: int = 0  # left out: answered to a route's candidate prompt, not the recorded one (prompt_seen)
     files: list[str] = field(default_factory=list)  # the transitions files read
 
 
@@ -206,6 +207,9 @@ def export(data: str, out: str, fmt: str = "messages", arguments: str = "object"
                     continue
                 if not _has_content(row):
                     stats.no_content += 1
+                    continue
+                if row.get("prompt_seen"):  # the answer was written to the route's candidate prompt
+                    stats.prompt_trial += 1
                     continue
                 if rewarded_only and row.get("reward") is None:
                     stats.unrated += 1
