@@ -14,7 +14,7 @@ import pytest
 from nightshift.transform import build as B
 from nightshift.transform import credit, pool, spill
 from nightshift.transform.config import TransformConfig
-from traces import T0, Trace, genai_call, write_spans
+from traces import T0, Trace, genai_call, write_logs, write_spans
 
 S = 10**9
 
@@ -118,3 +118,45 @@ def test_no_table_of_the_whole_windows_rows_is_held(tmp_path, monkeypatch):
     many = pl.read_parquet(f"{data}/transitions/date=*/*.parquet").sort("transition_id")
     assert one.select(pl.exclude("advantage")).equals(many.select(pl.exclude("advantage")))
     assert (one["advantage"] - many["advantage"]).abs().max() < 1e-12
+
+
+def test_log_events_are_split_by_bucket_not_read_for_the_whole_window(tmp_path, monkeypatch):
+    """GenAI log events (the content of the instrumentations that log it) go to the
+    bucket of their trace with the spans: no bucket, and not the driver, reads the
+    window's events at once; the rows are those of a build in one bucket. (Before,
+    the driver read every event of the window into one frame and sent it to every
+    bucket.)"""
+    data = tmp_path / "data"
+    traces, events = [], []
+    for i in range(30):
+        t = Trace(f"logs-{i}")
+        s = t.span("chat m1", {"gen_ai.operation.name": "chat", "gen_ai.system": "openai"}, start=i, end=i + 1)
+        traces.append(t)
+        events += [{"trace": t, "span": s, "name": "gen_ai.user.message", "body": {"content": f"question {i}"}},
+                   {"trace": t, "span": s, "name": "gen_ai.choice", "body": {
+                       "index": 0, "finish_reason": "stop", "message": {"content": f"answer {i}"}}}]
+    write_spans(str(data), traces)
+    write_logs(str(data), events)
+    read: list[int] = []
+    real = B._read
+
+    def spy(fs, sources, columns, bad=None, dataset=B.layout.SPANS):
+        out = real(fs, sources, columns, bad, dataset)
+        if dataset == B.layout.LOGS:
+            read.append(out.height)
+        return out
+
+    monkeypatch.setattr(B, "_read", spy)
+    s = B.build(TransformConfig(data=str(data), settle=0, memory_budget=20_000))
+    assert s.buckets >= 3 and s.transitions == 30
+    assert not read or max(read) < 60, read  # never the window's 60 events in one frame
+    many = pl.read_parquet(f"{data}/transitions/date=*/*.parquet").sort("transition_id")
+    assert set(many["output_message"].struct.field("content")) == {f"answer {i}" for i in range(30)}  # from the logs
+    monkeypatch.setattr(B, "_read", real)
+    again = tmp_path / "again"
+    again.mkdir()
+    for name in ("spans", "logs"):
+        (again / name).symlink_to(data / name, target_is_directory=True)
+    B.build(TransformConfig(data=str(again), settle=0))  # one bucket: the same rows
+    one = pl.read_parquet(f"{again}/transitions/date=*/*.parquet").sort("transition_id")
+    assert one.select(pl.exclude("advantage")).equals(many.select(pl.exclude("advantage")))

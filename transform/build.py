@@ -314,7 +314,7 @@ def _bucket_of(trace: pl.Expr, buckets: int) -> pl.Expr:
 
 
 def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, bad: list[str],
-           tag: str = "") -> list[str]:
+           tag: str = "", columns: list[str] | None = None, dataset: str = layout.SPANS) -> list[str]:
     """First pass when the window exceeds the budget: each span file's rows go to
     the bucket file of their trace (only the columns the build reads), read in
     batches of about `batch_bytes` decompressed, so this pass is bounded too."""
@@ -324,7 +324,7 @@ def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, b
     paths = [os.path.join(tmp, f"bucket-{b:04d}{tag}.arrow") for b in range(buckets)]
     try:
         for src in files:
-            for group in _row_groups(fs, src, SPAN_COLUMNS, bad):
+            for group in _row_groups(fs, src, columns or SPAN_COLUMNS, bad, dataset):
                 per_row = group.nbytes / max(group.num_rows, 1)
                 rows = int(min(32768, max(256, batch_bytes // max(per_row, 1))))
                 for batch in group.to_batches(max_chunksize=rows):
@@ -413,7 +413,12 @@ def _log_events(fs, sources: list[_Source]) -> pl.DataFrame:
     with its `_pdate`."""
     if not sources:
         return pl.DataFrame()
-    df = _read(fs, sources, list(layout.needs(layout.LOGS, READER)), dataset=layout.LOGS)
+    return _gen_ai_events(_read(fs, sources, list(layout.needs(layout.LOGS, READER)), dataset=layout.LOGS))
+
+
+def _gen_ai_events(df: pl.DataFrame) -> pl.DataFrame:
+    """The GenAI events of log records, each once, in time order. A bucket's records
+    give the window's events of its traces: copies of a record share its trace."""
     if df.height == 0:
         return pl.DataFrame()
     name = pl.coalesce(pl.col("event_name"), pl.col("attributes").list.eval(
@@ -505,6 +510,8 @@ class _Job:
     sources: list[_Source]
     split: list[str]
     scratch: str
+    log_sources: list[_Source] = field(default_factory=list)  # one bucket: the window's log files
+    log_split: list[str] = field(default_factory=list)  # else this bucket's pieces of them
 
 
 @dataclass
@@ -532,14 +539,18 @@ class _SplitJob:
     batch_bytes: int
     data: str = ""
     storage_options: dict = field(default_factory=dict)
+    logs: list[_Source] = field(default_factory=list)  # log files split the same way, by trace
 
 
-def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], list[str]]:
-    """The split of one run of files: each bucket's piece, and what could not be read."""
+def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], dict[int, str], list[str]]:
+    """The split of one run of files: each bucket's piece of spans and of log
+    records, and what could not be read."""
     fs, _ = fsspec.core.url_to_fs(job.data, **job.storage_options)
     bad: list[str] = []
-    paths = _split(fs, job.sources, job.buckets, job.scratch, job.batch_bytes, bad, tag=f"-{job.index:05d}")
-    return {b: p for b, p in enumerate(paths) if p}, bad
+    spans = _split(fs, job.sources, job.buckets, job.scratch, job.batch_bytes, bad, tag=f"-{job.index:05d}")
+    logs = _split(fs, job.logs, job.buckets, job.scratch, job.batch_bytes, [], tag=f"-logs-{job.index:05d}",
+                  columns=list(layout.needs(layout.LOGS, READER)), dataset=layout.LOGS)
+    return {b: p for b, p in enumerate(spans) if p}, {b: p for b, p in enumerate(logs) if p}, bad
 
 
 def _runs(sources: list[_Source], n: int) -> list[list[_Source]]:
@@ -609,11 +620,19 @@ def run_bucket(job: _Job, shared: _Shared) -> _Done:
     t0 = time.perf_counter()
     summary = Summary()
     functions = [(spec, load_function(spec)) for spec in cfg.reward.functions]
-    ctx = _Ctx(cfg, shared.now_ns, shared.since, shared.until, shared.feedback, shared.logs, functions,
+    if job.log_split:  # this bucket's log events only: none is held for the whole window
+        logs = _gen_ai_events(_read_bucket(job.log_split))
+    else:
+        fs, _ = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
+        logs = _log_events(fs, job.log_sources)
+    log_dates = {}
+    if shared.incremental and logs.height:
+        log_dates = {t: set(ds) for t, ds in logs.group_by("trace_id").agg(pl.col("_pdate").unique()).iter_rows()}
+    ctx = _Ctx(cfg, shared.now_ns, shared.since, shared.until, shared.feedback, logs, functions,
                re.compile(cfg.agents_include) if cfg.agents_include else None,
                re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
                re.compile(cfg.credit.tool_error_pattern), shared.dates,
-               incremental.Seen() if shared.incremental else None, shared.log_dates)
+               incremental.Seen() if shared.incremental else None, log_dates)
     rows, tokens = process(_spans(job, cfg, summary), ctx)  # `process` holds the only reference: it frees them early
     by_day: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
@@ -1015,11 +1034,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             load_function(spec)
         except ValueError as e:
             raise BuildError(str(e)) from None
-    logs = _log_events(fs, logs)
-    shared = _Shared(cfg, now_ns, since, until, _labels(feedback), logs, dates, plan is not None)
-    if plan is not None and logs.height:
-        shared.log_dates = {t: set(ds) for t, ds in logs.group_by("trace_id").agg(
-            pl.col("_pdate").unique()).iter_rows()}
+    shared = _Shared(cfg, now_ns, since, until, _labels(feedback), pl.DataFrame(), dates, plan is not None)
     total = sum(_uncompressed(fs, src.path) for src in reads)  # of what this build reads, not of every date
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)), cfg.build.buckets)
     if cfg.trajectory in ("conversation", "linked") and buckets > 1:
@@ -1043,20 +1058,24 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         bar = tqdm(total=buckets, unit="bucket", desc="build", disable=not progress)
         clock = time.perf_counter()
         if buckets == 1:
-            jobs = [_Job(0, reads, [], tmp)]
+            jobs = [_Job(0, reads, [], tmp, logs)]
         else:
             bar.set_description("split")
             # files in contiguous runs, one task each: the pieces, read in run order, keep the files' order
-            runs = _runs(reads, 2 * engine.cpus if engine.remote else 1)
+            n = 2 * engine.cpus if engine.remote else 1
+            runs, log_runs = _runs(reads, n), _runs(logs, n)
             pieces: dict[int, list[str]] = defaultdict(list)
-            for got, bad in _engine_run(engine, split_files, [
-                    _SplitJob(i, run, buckets, tmp, cfg.memory_budget // int(OVERHEAD), cfg.data,
-                              cfg.storage_options or {}) for i, run in enumerate(runs)],
-                    cfg):
+            log_pieces: dict[int, list[str]] = defaultdict(list)
+            for got, got_logs, bad in _engine_run(engine, split_files, [
+                    _SplitJob(i, runs[i] if i < len(runs) else [], buckets, tmp, cfg.memory_budget // int(OVERHEAD),
+                              cfg.data, cfg.storage_options or {}, log_runs[i] if i < len(log_runs) else [])
+                    for i in range(max(len(runs), len(log_runs)))], cfg):
                 summary.unreadable += bad
                 for b, path in got.items():
                     pieces[b].append(path)
-            jobs = [_Job(b, [], pieces[b], tmp) for b in sorted(pieces)]
+                for b, path in got_logs.items():
+                    log_pieces[b].append(path)
+            jobs = [_Job(b, [], pieces[b], tmp, [], log_pieces.get(b, [])) for b in sorted(pieces)]
             clock = _phase(summary, "split", clock)
         if engine.remote and len(jobs) < engine.cpus:
             log.warning("%d bucket(s) of traces for %d Ray CPUs: set build.buckets (e.g. %d) to use them all",
@@ -1065,7 +1084,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         done = _engine_run(engine, run_bucket, jobs, cfg, shared, lambda: bar.update(1))
         clock = _phase(summary, "buckets", clock)
         bar.close()
-        ctx = _Ctx(cfg, now_ns, since, until, shared.feedback, logs, [], None, None, summary, C.Counts(),
+        ctx = _Ctx(cfg, now_ns, since, until, shared.feedback, pl.DataFrame(), [], None, None, summary, C.Counts(),
                    seen=incremental.Seen() if plan is not None else None)
         held: dict[str, list[tuple[int, str]]] = defaultdict(list)  # per date: (frame, its rows' spill file)
         slim = []
