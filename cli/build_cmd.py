@@ -47,7 +47,7 @@ EPILOG = """YAML section `transform:` (and top-level `data:`), e.g.:
     reward: {name: "", keys: [app.reward], functions: [mypkg.rewards:judge], prefer: [feedback, function, span]}
     credit: {strategy: identical, gamma: 0.9}   # identical | discounted | last | per_step
     advantage: {baseline: group, normalize: false, weighting: trajectory}
-    build: {engine: ray, buckets: 16}   # buckets as Ray tasks (pip install 'nightshift[distributed]'); same rows"""
+    build: {engine: ray, buckets: 16}   # buckets as Ray tasks (pip install 'nightshift-rl[distributed]'); same rows"""
 
 #: Where the transform stage's commands read their settings (`helptext.tail`'s first two).
 TRANSFORM_SETTINGS = ("the `transform:` section and top-level `data:`",

@@ -33,7 +33,7 @@ def test_ray_not_installed_is_one_sentence(data, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
     code = main(["build", "--data", str(data), "--settle", "0", "--build-engine", "ray", "--quiet"])
     text = said(capsys)
-    assert code == 1 and "Ray is not installed" in text and "nightshift[distributed]" in text, text
+    assert code == 1 and "Ray is not installed" in text and "nightshift-rl[distributed]" in text, text
     assert len(text.splitlines()) == 1
     assert not list((data / "transitions").glob("date=*")) if (data / "transitions").exists() else True
 

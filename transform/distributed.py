@@ -105,7 +105,7 @@ def check(settings) -> None:
         import ray
     except ImportError:
         raise EngineError(f"build.engine is ray, but Ray is not installed in this Python ({sys.executable}): "
-                          f"pip install 'nightshift[distributed]' (or {PIN})") from None
+                          f"pip install 'nightshift-rl[distributed]' (or {PIN})") from None
     address = settings.ray_address or os.environ.get("RAY_ADDRESS", "")
     if address and not ray.is_initialized():
         why = _reachable(address)
