@@ -34,6 +34,7 @@ import logging
 import fsspec
 
 from nightshift.route.client import RouteClient, RouteError, prompt_name
+from nightshift.schemas.prompt_identity import system_id
 from nightshift.storage import write_atomic
 
 log = logging.getLogger("nightshift.publish.prompt_canary")
@@ -160,13 +161,15 @@ def start(store: str, candidate, client: RouteClient, share: float, *, agent: st
     except (KeyError, TypeError):
         raise TrialError(f"{candidate.path}: its manifest names no parent and candidate prompt (system_hash, "
                          "system, version_id)") from None
+    match_system = _parent_texts(candidate, match, storage_options)
     kept = [p for p in applied(entries, agent) if p["match"] == match]
     if kept:
         raise TrialError(f"agent {agent!r}'s prompt {match} is replaced by promoted candidate {kept[0].get('version')} "
                          "on the route: put it in the agent's own code first (the route holds one candidate per "
                          "prompt, and a new trial would take the promoted one from the other conversations)")
     try:
-        client.set_prompt(match, cand, system, share, agent=agent, model=model or man.get("model") or "")
+        client.set_prompt(match, cand, system, share, agent=agent, model=model or man.get("model") or "",
+                          match_system=match_system)
     except RouteError as e:
         raise TrialError(f"the route at {client.url} refused prompt candidate {candidate.version} of {agent!r}: "
                          f"{e}") from None
@@ -174,11 +177,31 @@ def start(store: str, candidate, client: RouteClient, share: float, *, agent: st
     return append(store, {"role": "canary", "agent": agent, "match": match, "candidate": cand,
                           "version_id": version_id, "parent_version_id": man["parent"].get("version_id"),
                           "version": candidate.version, "path": candidate.path, "share": share, "route": client.url,
-                          "model": model or man.get("model") or ""}, storage_options)
+                          "model": model or man.get("model") or "", "match_system": match_system},
+                  storage_options)
+
+
+def _parent_texts(candidate, match: str, storage_options: dict | None) -> list[str] | None:
+    """The agent's prompt as the lake folded it (`parent/prompt.json`), when it is the
+    prompt the trial matches: the route needs it to recognise the agent's requests
+    when their per-request data was folded by alignment (`{{var_1}}`: a customer's
+    name), which no pattern finds in one request alone. None when the parent is not
+    that prompt (an earlier candidate of the beam) or its file cannot be read: the
+    route then matches on the prompt id alone, as before."""
+    try:
+        fs, path = fsspec.core.url_to_fs(candidate.path, **(storage_options or {}))
+        with fs.open(path.rstrip("/") + "/parent/prompt.json", "rb") as fh:
+            texts = json.load(fh).get("system")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not (isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts)):
+        return None
+    return texts if system_id(texts) == match else None
 
 
 def _ended(trial: dict, **extra) -> dict:
-    keep = ("agent", "match", "candidate", "version_id", "parent_version_id", "version", "path", "route", "model")
+    keep = ("agent", "match", "candidate", "version_id", "parent_version_id", "version", "path", "route", "model",
+            "match_system")
     return {**{k: trial.get(k) for k in keep}, "started": trial["time"], **extra}
 
 
@@ -201,7 +224,7 @@ def promote(store: str, trial: dict, client: RouteClient, system: str | list[str
     there until the agent changes its own prompt; then the record."""
     try:
         client.set_prompt(trial["match"], trial["candidate"], system, 1.0, agent=trial["agent"],
-                          model=trial.get("model") or "")
+                          model=trial.get("model") or "", match_system=trial.get("match_system"))
     except RouteError as e:
         raise TrialError(f"the route at {client.url} did not take prompt candidate {trial.get('version')} of "
                          f"{trial['agent']!r} to every conversation: {e}") from None

@@ -171,3 +171,31 @@ def test_an_unreadable_trials_record_is_one_sentence_and_starts_nothing(tmp_path
     (store / "trials.json").write_text(json.dumps({"trials": [{"agent": "a", "role": "party"}]}))
     with pytest.raises(trials.TrialError, match=r"trial entry 0 has no 'match' text"):
         trials.read(str(store))
+
+
+def test_a_prompt_with_per_request_data_folded_by_alignment_is_matched_through_its_parent_template(
+        tmp_path, upstream, route_factory):  # noqa: F811
+    """A customer's name in the system prompt is folded by alignment across the lake's
+    requests (`{{var_1}}`), which no pattern finds in one request: the route can match
+    the agent's requests only with the parent's template (`match_system`, from the
+    candidate's parent/prompt.json), here and after promotion. Without it nothing is
+    rewritten and the trial measures nothing."""
+    r = route_factory(upstream).start()
+    store = str(tmp_path / "store")
+    client = RouteClient(r.url)
+    template = "You are the support agent of Acme. The customer is {{var_1}}. Answer in one sentence."
+    better = "You are the support agent of Acme. The customer is {{var_1}}. Look the order up first."
+    parent, cand = PromptVersion.of([template], []), PromptVersion.of([better], [])
+    prompt_json = json.dumps({"version_id": parent.id, "system": [template], "tools": []})
+    candidate = cands.commit(store, "support", {"system.txt": better, "parent/prompt.json": prompt_json}, {
+        "kind": "prompt", "model": MODEL,
+        "parent": {"ref": "lake", "version_id": parent.id, "system_hash": parent.system_hash, "system": template},
+        "candidate": {"version_id": cand.id, "system_hash": cand.system_hash, "system": better,
+                      "chars": len(better)}})
+    trial = trials.start(store, candidate, client, 1.0, agent="support")
+    sent = "You are the support agent of Acme. The customer is Ingrid Larsen. Answer in one sentence."
+    assert _chat(r.url, sent).endswith(f"+p:{cand.id}")
+    assert trial["match_system"] == [template]
+    trials.promote(store, trial, client, [better], "test")
+    assert client.get(prompt_name(parent.system_hash))["match_system"] == [template]
+    assert _chat(r.url, sent).endswith(f"+p:{cand.id}")
