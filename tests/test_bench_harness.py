@@ -194,7 +194,7 @@ def test_route_keeps_its_flags_rank_and_report(monkeypatch):
     route = _load("route")
     monkeypatch.setattr(sys, "argv", ["route.py"])
     assert vars(route.parse_args()) == {"streams": 200, "requests": 8, "rounds": 3, "chunks": 20, "pace": 0.025,
-                                        "stub": None}
+                                        "stub": None, "prompt": None}
     values = [float(i) for i in range(100, 0, -1)]
     assert (route.quantile(values, .5), route.quantile(values, .99)) == (51.0, 100.0)
     assert str(route.T_OVERHEAD) == "target < 2 ms"
@@ -202,7 +202,7 @@ def test_route_keeps_its_flags_rank_and_report(monkeypatch):
 
     m = route.Measured(direct=[(0.010, 0.500)] * 10, proxied=[(0.011, 0.503)] * 10, direct_s=1.0, proxied_s=2.0,
                        proxy_cpu=0.02, others=0.0, proxy_rss_mib=40.0)
-    args = argparse.Namespace(streams=10, requests=1, rounds=1, chunks=20, pace=0.025)
+    args = argparse.Namespace(streams=10, requests=1, rounds=1, chunks=20, pace=0.025, prompt=None)
     lines = route.report(["title"], args, m)
     assert lines[0] == "title" and lines[1].startswith("load: 10 concurrent streams x 1 requests x 1 round(s)")
     assert lines[2].split() == ["TTFB", "p50", "TTFB", "p99", "total", "p50", "total", "p99", "req/s"]
