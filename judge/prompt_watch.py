@@ -1,8 +1,9 @@
 """The watch for prompt canaries: a prompt candidate on a share of one agent's
 conversations is judged exactly as an adapter canary is (judge/watch.py): the
-same mSPRT on trajectory rewards, the same `min_trajectories`, the same margin
-for promotion and the same `canary.max_hours` for expiry, so "better" means one
-thing whatever changed, the weights or the prompt.
+same mSPRT on trajectory rewards, the same `min_trajectories` and the same
+`canary.max_hours` for expiry, so "better" and "worse" mean one thing whatever
+changed, the weights or the prompt. One difference: a prompt is promoted only when
+shown better, never for being no worse than the margin (`prompt_action`).
 
 The two arms come from the lake. The route marks the candidate's answers, and the
 build turns the mark into the transition's `prompt_seen` (transform/attribution.py):
@@ -100,6 +101,19 @@ def watch_prompts(data: str, store: str, watching: WatchSettings | None = None, 
     return verdicts, out
 
 
+def prompt_action(v: Verdict, hours: float, w: WatchSettings, c: CanarySettings) -> str | None:
+    """The adapter canary's decision (`watch.canary_action`), but a prompt is promoted
+    only when shown better, not when shown no worse than the margin: an adapter
+    that is as good is worth serving (it learned from newer traffic), a prompt
+    edit that is as good is churn in what the team reads and maintains, and an
+    identical candidate (A/A) must never be promoted (issue 27). Undecided until
+    `max_hours`, it expires and the agent keeps its own prompt."""
+    action = canary_action(v, hours, w, c)
+    if action == "promote" and v.decision != "better":
+        return "expire" if hours >= c.max_hours else None
+    return action
+
+
 def _judge_trial(data: str, store: str, trial: dict, w: WatchSettings, c: CanarySettings, act: bool,
                  now: dt.datetime, checkpoints: str, storage_options: dict | None) -> tuple[Verdict | None, list[str]]:
     agent, cand, base = trial["agent"], trial.get("version") or trial["candidate"], f"{trial['agent']}'s own prompt"
@@ -117,11 +131,8 @@ def _judge_trial(data: str, store: str, trial: dict, w: WatchSettings, c: Canary
     out = [f"watch: prompt canary {cand} of {agent} ({share:.0f} % of its conversations, {hours:.1f} h) against "
            f"{base}: {v.decision}: {v.why}"]
     log.warning("watch: prompt canary %s of %s after %.1f h: %s (%s)", cand, agent, hours, v.decision, v.why)
-    action = canary_action(v, hours, w, c)
-    if action == "promote" and v.decision == "wait":
-        v.why = (f"not worse than {base} by more than the margin {w.margin:g}: the difference {v.diff:+.3f} lies in "
-                 f"[{v.low:+.3f}, {v.high:+.3f}] at confidence {1 - w.alpha:g}")
-    elif action == "expire":
+    action = prompt_action(v, hours, w, c)
+    if action == "expire":
         v.why = f"undecided after {hours:.1f} h (canary.max_hours {c.max_hours:g}): {v.why}; {base} keeps every " \
                 "conversation"
     if action is None:
