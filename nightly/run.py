@@ -11,8 +11,8 @@ registered. Nothing is published twice.
 
 Exit codes: 0 done (published, held back by the gate, a canary the routing
 proxy could not take, or nothing new: the report says which); 1 a stage failed
-(the next run resumes it); 2 bad settings, or a state file this job cannot
-resume from; 75 another nightly run holds the lock (EX_TEMPFAIL: try later).
+(the next run resumes it); 2 bad settings, a state file this job cannot
+resume from, or a dataset this version cannot read (schemas/layout.py); 75 another nightly run holds the lock (EX_TEMPFAIL: try later).
 """
 
 from __future__ import annotations
