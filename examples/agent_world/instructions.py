@@ -60,7 +60,8 @@ DISTRACTORS = (
 KINDS = {"colour": COLOUR, "arithmetic": ARITHMETIC}
 
 
-def draw(rng: random.Random, base: str, instructed: float = 0.5, distracted: float = 0.25) -> tuple[str, set[str]]:
+def draw(rng: random.Random, base: str, instructed: float = 0.5, distracted: float = 0.25,
+         both: float = 1 / 3) -> tuple[str, set[str]]:
     """A system prompt for one demonstration and the question kinds it helps: the
     agent's own `base` prompt, with probability `distracted` one or two
     distractors, and with probability `instructed` instructions for one kind or
@@ -70,7 +71,7 @@ def draw(rng: random.Random, base: str, instructed: float = 0.5, distracted: flo
     if rng.random() < distracted:
         lines += rng.sample(DISTRACTORS, rng.choice((1, 2)))
     if rng.random() < instructed:
-        kinds = rng.choice((("colour",), ("arithmetic",), ("colour", "arithmetic")))
+        kinds = ("colour", "arithmetic") if rng.random() < both else rng.choice((("colour",), ("arithmetic",)))
         for kind in kinds:
             lines.append(rng.choice(KINDS[kind]))
             helps.add(kind)
