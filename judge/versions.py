@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from nightshift.prompts.versions import interval  # one 95 % interval for adapters and prompts
 from nightshift.publish import registry
 from nightshift.schemas import layout
 
@@ -188,21 +189,6 @@ class VersionTable(list):
         super().__init__(rows)
         self.shape = shape
         self.notes = notes or []
-
-
-def interval(values: list[float], binary: bool) -> tuple[float, float]:
-    """95 % interval of a mean: Wilson's for success rates (honest near 0 and 1),
-    the normal one with the sample variance otherwise."""
-    n = len(values)
-    mean = sum(values) / n
-    z = 1.959964
-    if binary:
-        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return centre - half, centre + half
-    var = sum((v - mean) ** 2 for v in values) / max(n - 1, 1)
-    half = z * math.sqrt(var / n)
-    return mean - half, mean + half
 
 
 def chi2_sf(x: float, k: int) -> float:

@@ -1,7 +1,7 @@
 """Which prompt versions each agent used, and how each did in production: calls,
 trajectories, rated trajectories, and the mean reward with a 95 % interval (a
 success rate with Wilson's interval when rewards are 0/1), as `nightshift
-versions` does for adapters (the same statistics, copied: this stage does not
+versions` does for adapters (the same statistics: `interval` lives here and judge/ imports it, since this stage does not
 import publish/).
 
 A version is `schemas.prompt_identity.PromptVersion`: the agent's leading system
@@ -45,7 +45,7 @@ _SEP = "\x1e"
 
 def interval(values: list[float], binary: bool) -> tuple[float, float]:
     """95 % interval of a mean: Wilson's for success rates (honest near 0 and 1), the
-    normal one with the sample variance otherwise (judge/versions.py's, copied)."""
+    normal one with the sample variance otherwise (judge/versions.py uses it too)."""
     n = len(values)
     mean = sum(values) / n
     z = 1.959964

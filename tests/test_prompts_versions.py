@@ -76,6 +76,7 @@ def test_reward_interval_and_what_is_left_out(tmp_path):
 
     assert (v.low, v.high) == pytest.approx(adapters_interval([1.0] * 24 + [0.0] * 16, True))
     assert (v.low, v.high) == pytest.approx(interval([1.0] * 24 + [0.0] * 16, True))
+    assert (v.low, v.high) == pytest.approx((0.4460, 0.7365), abs=1e-4)  # Wilson's, 24 of 40, worked by hand
     out = "\n".join(lines(by_agent(str(tmp_path))))
     assert "success 0.600  [" in out and "3 unrated, 1 with a NaN/inf reward" in out
     # below min_trajectories: a count, no interval
