@@ -39,7 +39,7 @@ COLLECTOR_SETTINGS = ("the `collector:` section and top-level `data:`", "NIGHTSH
 #: ...)` in the commands). A key not here is a typo, refused before any command
 #: runs, never silently ignored with everything under it. The publish settings are
 #: the nightly job's (`nightly:`), so `publish:` is not one.
-SECTIONS = ("data", "log_format", "collector", "transform", "train", "nightly", "serve", "route", "apo")
+SECTIONS = ("data", "log_format", "collector", "transform", "train", "publish", "nightly", "serve", "route", "apo")
 
 
 #: The distribution's name on the package index (`nightshift` there is another project).

@@ -38,23 +38,25 @@ is recorded as pending in published.json before it starts: a run killed at any
 step is finished or undone by the next publish, rollback or watch, which says
 what it repaired."""
 
-#: Where publish and rollback read their settings: the nightly job's, so that the
-#: file that publishes every night publishes by hand the same way.
-PUBLISH_SETTINGS = ("the `nightly:` section's publishing keys (vllm_url, name, stable_name, adapter_root, keep, "
-                    "mode, ...), `train.output` (the checkpoints folder) and `train.base_model` (--mode full's base "
-                    "when nightly.base_model is not set)",
-                    "NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_VLLM_URL, ...), NIGHTSHIFT_TRAIN_OUTPUT")
+#: Where publish and rollback read their settings: the `publish:` section, which
+#: watch and the nightly job read too, so the file that publishes every night
+#: publishes by hand the same way.
+PUBLISH_SETTINGS = ("the `publish:` section (vllm_url, name, stable_name, adapter_root, keep, mode, ...; the same "
+                    "keys under `nightly:`, their old place, still work and are deprecated), `train.output` (the "
+                    "checkpoints folder) and `train.base_model` (--mode full's base when publish.base_model is not "
+                    "set)",
+                    "NIGHTSHIFT_PUBLISH_* (NIGHTSHIFT_PUBLISH_VLLM_URL, ...), NIGHTSHIFT_TRAIN_OUTPUT")
 PUBLISH_EXITS = ("0 {done} and verified, 1 refused or failed (the server's message is printed verbatim; what the "
                  "server took is undone, the registry unchanged), 2 bad settings, or published.json cannot be used "
                  "(the message names the file and the problem; nothing was changed)")
-VLLM_URL_NEEDED = ("say which server: --vllm-url URL, nightly.vllm_url in --config, or NIGHTSHIFT_NIGHTLY_VLLM_URL "
+VLLM_URL_NEEDED = ("say which server: --vllm-url URL, publish.vllm_url in --config, or NIGHTSHIFT_PUBLISH_VLLM_URL "
                    "(a publication never goes to a default address)")
 
 
 def _publish_args(p: argparse.ArgumentParser, common) -> None:
     from nightshift.publish.publish import PublishSettings
 
-    add_flags(p, PublishSettings, section="nightly")
+    add_flags(p, PublishSettings, section="publish")
     for action in p._actions:
         if action.dest == "vllm_url":
             action.help = f"the server the agents use; {VLLM_URL_NEEDED.removeprefix('say which server: ')}"
@@ -63,19 +65,24 @@ def _publish_args(p: argparse.ArgumentParser, common) -> None:
 
 def _settings(args: argparse.Namespace):
     """The publishing settings as the nightly job reads them (defaults < the YAML's
-    `nightly:` < NIGHTSHIFT_NIGHTLY_* < flags), checked like every stage's, with the
-    base model for --mode full from `train:` when `nightly:` names none."""
-    from nightshift.nightly.run import NightlyConfig
-    from nightshift.publish.publish import PublishSettings
+    `publish:` < NIGHTSHIFT_PUBLISH_* < flags; the old `nightly:` place still read),
+    checked like every stage's, with the base model for --mode full from `train:`
+    when `publish:` names none. The nightly job itself is not imported: it pulls in
+    Polars, which a publication by hand does not need."""
+    from nightshift.publish.publish import MOVED, PublishSettings
     from nightshift.settings import SettingsError
 
-    n = load(NightlyConfig, "nightly", args.config, flags_of(PublishSettings, args))
-    named = args.vllm_url or os.environ.get("NIGHTSHIFT_NIGHTLY_VLLM_URL") or (
-        args.config and "vllm_url" in ((read_file(args.config).get("nightly") or {})))
+    said: list[str] = []
+    s = load(PublishSettings, "publish", args.config, flags_of(PublishSettings, args), moved=MOVED, notes=said)
+    for note in said:
+        say(f"nightshift {args.command}: {note}", args.log_format)
+    doc = read_file(args.config) if args.config else {}
+    named = args.vllm_url or any(os.environ.get(f"NIGHTSHIFT_{sec.upper()}_VLLM_URL") for sec in ("publish", "nightly")) \
+        or any("vllm_url" in (doc.get(sec) or {}) for sec in ("publish", "nightly"))
     if not named:
         raise SettingsError(VLLM_URL_NEEDED)
-    n.base_model = n.base_model or train_settings(args).base_model
-    return n
+    s.base_model = s.base_model or train_settings(args).base_model
+    return s
 
 
 def add_publish(sub, common) -> None:
@@ -120,32 +127,35 @@ def add_publish(sub, common) -> None:
 
     w = sub.add_parser("watch", help="judge the serving version (or a canary) by production's rewards, and act",
                        description=WATCH_DESC, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=epilog("", "the `nightly:` section (its publishing keys, `watch:` and `canary:`), "
+                       epilog=epilog("", "the `publish:` section, `nightly.watch` and `nightly.canary`, "
                                      "top-level `data:` and `train.output` (the checkpoints folder)",
-                                     "NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_WATCH_ALPHA, ...), NIGHTSHIFT_DATA, "
-                                     "NIGHTSHIFT_TRAIN_OUTPUT",
+                                     "NIGHTSHIFT_PUBLISH_* (NIGHTSHIFT_PUBLISH_VLLM_URL, ...), NIGHTSHIFT_NIGHTLY_WATCH_* "
+                                     "and NIGHTSHIFT_NIGHTLY_CANARY_* (NIGHTSHIFT_NIGHTLY_WATCH_ALPHA, ...), "
+                                     "NIGHTSHIFT_DATA, NIGHTSHIFT_TRAIN_OUTPUT",
                                      "0 kept, promoted or not yet decided, 3 rolled back or canary stopped, 1 failed, "
                                      "2 bad settings, published.json cannot be used or transitions this version "
                                      "cannot read"))
     common(w)
     w.add_argument("--checkpoints", metavar="DIR", help="the checkpoints folder, its published.json (default: "
                    "train.output of --config, NIGHTSHIFT_TRAIN_OUTPUT, else ./nightshift-checkpoints)")
-    from nightshift.nightly.run import NightlyConfig
     from nightshift.publish.publish import PublishSettings
     from nightshift.settings import flag_names
 
-    watch_flags = tuple(flag_names(PublishSettings)) + tuple(
-        p for p in flag_names(NightlyConfig) if p.startswith("watch.") and p != "watch.enabled"
-        or p in ("canary.route_url", "canary.route_token", "canary.max_hours"))
-    add_flags(w, NightlyConfig, section="nightly", only=watch_flags)
+    add_flags(w, PublishSettings, section="publish")
+    from nightshift.judge.watch_settings import Watching
+
+    add_flags(w, Watching, section="nightly", only=tuple(
+        p for p in flag_names(Watching) if p.startswith("watch.") and p != "watch.enabled"
+        or p in ("canary.route_url", "canary.route_token", "canary.max_hours")))
     w.add_argument("--dry-run", action="store_true", help="say what it would do; change nothing")
     w.set_defaults(func=cmd_watch)
 
     n = sub.add_parser("nightly", help="build, train, gate and publish: the scheduled job",
                        description=NIGHTLY_DESC, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=epilog(NIGHTLY_EPILOG, "top-level `data:`, the `transform:`, `train:` and `nightly:` "
-                                     "sections", "NIGHTSHIFT_DATA, NIGHTSHIFT_TRANSFORM_*, NIGHTSHIFT_TRAIN_*, "
-                                     "NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_GATE_COMMAND, ...)", NIGHTLY_EXITS))
+                       epilog=epilog(NIGHTLY_EPILOG, "top-level `data:`, the `transform:`, `train:`, `publish:` and "
+                                     "`nightly:` sections", "NIGHTSHIFT_DATA, NIGHTSHIFT_TRANSFORM_*, NIGHTSHIFT_TRAIN_*, "
+                                     "NIGHTSHIFT_PUBLISH_*, NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_GATE_COMMAND, ...)",
+                                     NIGHTLY_EXITS))
     common(n)
     n.add_argument("--quiet", action="store_true", help="no progress bars")
     n.set_defaults(func=cmd_nightly)
@@ -213,8 +223,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from nightshift.route.client import RouteError
     from nightshift.schemas.layout import LayoutError
 
+    from nightshift.publish.publish import MOVED
+
     setup_logging(args.log_level or "warning", args.log_format)
-    n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args))
+    said: list[str] = []
+    n = load(NightlyConfig, "nightly", args.config, flags_of(NightlyConfig, args), moved=MOVED, notes=said)
+    for note in said:
+        say(f"nightshift watch: {note}", args.log_format)
     checkpoints = train_settings(args).output
     from nightshift.judge.prompt_watch import watch_prompts
     from nightshift.prompts.config import ApoConfig
@@ -253,7 +268,8 @@ over every look), and act:
   expiry; a promoted prompt is retired once the agent changes its own prompt.
 
 Each decision goes to <checkpoints>/gate-log.jsonl. Settings as the nightly job's
-(the `nightly:` section of --config, NIGHTSHIFT_NIGHTLY_*, then these flags).
+(the `publish:` section of --config and `nightly:`'s watch and canary,
+NIGHTSHIFT_PUBLISH_* and NIGHTSHIFT_NIGHTLY_*, then these flags).
 The registry is read whole first: one that cannot be used is refused (exit 2)
 rather than guessed at, since every decision may move the server; a change an
 earlier run left pending is finished or undone before the look."""
@@ -309,7 +325,7 @@ NIGHTLY_EXITS = ("0 done (published, held back by the gate, a canary the routing
                  "cannot resume from or a dataset this version cannot read (the message says which; the next run "
                  "resumes), 75 another run holds the lock (try later)")
 
-NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, train, nightly):
+NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, train, publish, nightly):
 
   data: /var/lib/nightshift/data
   transform: {settle: 10m, credit: {strategy: identical}}
@@ -318,11 +334,12 @@ NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, tra
     served_model_name: Qwen/Qwen2.5-1.5B-Instruct
     output: /var/lib/nightshift/checkpoints   # the checkpoints folder (--checkpoints)
     algorithm: sft                 # the default: see `nightshift train --help` for the others
-  nightly:
+  publish:                         # read by publish, rollback, watch and nightly
     vllm_url: http://vllm:8000
     name: support-agent
     stable_name: support-agent
     keep: 3
+  nightly:
     gate: {ranking_confidence: 0.95, validity_margin: 0.05, command: "python eval.py"}   # exit 1: says no
     watch: {alpha: 0.01, min_trajectories: 30, margin: 0.05}
     canary: {share: 0.1, route_url: http://127.0.0.1:8100}   # off (share 0) by default
@@ -340,7 +357,12 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     flags = {"data": args.data}
     tcfg = load(TransformConfig, "transform", args.config, flags)
     trcfg = load(TrainConfig, "train", args.config, flags)
-    ncfg = load(NightlyConfig, "nightly", args.config, {})
+    from nightshift.publish.publish import MOVED
+
+    said: list[str] = []
+    ncfg = load(NightlyConfig, "nightly", args.config, {}, moved=MOVED, notes=said)
+    for note in said:
+        say(f"nightshift nightly: {note}", args.log_format)
     from nightshift.prompts.config import ApoConfig
 
     apo = load(ApoConfig, "apo", args.config, flags)  # the proposer, for the agents on prompt optimization

@@ -55,31 +55,13 @@ from nightshift.publish import registry
 from nightshift.publish.publish import rollback
 from nightshift.publish.recover import reconcile
 from nightshift.route.client import RouteClient
-from nightshift.settings import setting
 from nightshift.trainer.checkpoint import MANIFEST
 
 from . import gatelog
 from .versions import BASE, NoTransitions, calls, trajectory_rewards
+from .watch_settings import WatchSettings
 
 log = logging.getLogger("nightshift.judge.watch")
-
-
-@dataclass
-class WatchSettings:
-    """After each build, production's verdict on what was published: the serving
-    version against the one before it, or a canary against the serving one."""
-
-    enabled: bool = setting(True, help="watch after each build; a worse version is rolled back (a canary stopped) "
-                                       "before training starts from it")
-    alpha: float = setting(0.01, help="false-alarm bound over every look: the chance of ever rolling back a version "
-                                      "as good as its predecessor", bounds="(0, 1)", flag="--alpha")
-    tau: float = setting(0.1, help="mixture scale: the size of difference worth finding quickly, in reward units",
-                         bounds="(0, inf)", flag="--tau")
-    min_trajectories: int = setting(30, help="rated trajectories each side needs before any decision",
-                                    bounds="[2, inf)", flag="--min-trajectories")
-    margin: float = setting(0.05, help="a canary shown, at the watch's confidence, to be no more than this far "
-                                       "below the serving version (reward units) is promoted", bounds="[0, inf)",
-                            flag="--margin")
 
 
 @dataclass

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from nightshift.settings import setting
+from nightshift.settings import Moved, setting
 from nightshift.trainer.checkpoint import MANIFEST, fetch, is_local, read_manifest, vllm_problems
 
 from nightshift.route.client import RouteClient, RouteError
@@ -50,7 +50,7 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_mo
                  "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-__all__ = ["PublishError", "PublishResult", "PublishSettings", "RouteMove", "RouteUnavailable", "publish", "rollback"]
+__all__ = ["MOVED", "PublishError", "PublishResult", "PublishSettings", "RouteMove", "RouteUnavailable", "publish", "rollback"]
 
 
 @dataclass
@@ -135,9 +135,9 @@ def _check_base(client: VLLMClient, adapter_dir: Path) -> str:
 
 @dataclass
 class PublishSettings:
-    """How a version goes in front of the agents: the flags of `nightshift publish`
-    and `rollback`, and the publishing keys of the nightly job's YAML section
-    (`nightly:`, NIGHTSHIFT_NIGHTLY_*), which those commands read too; declared once."""
+    """How a version goes in front of the agents: YAML section `publish:`, env
+    NIGHTSHIFT_PUBLISH_*, and the flags of `nightshift publish` and `rollback`; read
+    by publish, rollback, watch and nightly alike (`MOVED`), declared once."""
 
     vllm_url: str = setting("http://127.0.0.1:8000", help="the server the agents use, e.g. http://127.0.0.1:8000",
                             metavar="URL")
@@ -159,6 +159,12 @@ class PublishSettings:
     def kwargs(self) -> dict:
         """`publish`'s keyword arguments (everything but the URL)."""
         return {f.name: getattr(self, f.name) for f in fields(PublishSettings) if f.name != "vllm_url"}
+
+
+#: The publishing keys lived in the nightly job's section (`nightly:`,
+#: NIGHTSHIFT_NIGHTLY_*) until they got a home of their own; files that still give
+#: them there keep working, with a note naming the new key (settings.Moved).
+MOVED = Moved(keys=tuple(f.name for f in fields(PublishSettings)), old="nightly", new="publish")
 
 
 @dataclass

@@ -299,24 +299,87 @@ def _env(obj: Any, prefix: str, env: dict, shared: bool, path: str, names: dict[
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """Settings (`keys`, top-level in their section) that moved from section `old` to
+    section `new`: read from `new:` and NIGHTSHIFT_<NEW>_*, and still from `old:`
+    and NIGHTSHIFT_<OLD>_*, because settings files in deployments outlive a
+    release. An old place used leaves a note naming the new key (`load`'s `notes`);
+    both places given, with different values, is an error naming both, since
+    either guess could publish to the wrong server."""
+
+    keys: tuple[str, ...]
+    old: str
+    new: str
+
+
+def _section(doc: dict, name: str, config_file: str) -> dict:
+    sec = doc.get(name) or {}
+    if not isinstance(sec, dict):
+        raise SettingsError(f"{config_file}: `{name}:` must be a mapping")
+    return sec
+
+
+def _moved(section: str, own: dict, other: dict, moved: Moved, label: Callable[[str, str], str],
+           notes: list[str] | None, source: str = "") -> dict:
+    """`own` (the values given in `section`'s place) with `moved.keys` read from both
+    places: the new one's, else the old one's with a note. `other`: the values given
+    in the other place; `label(section, key)` names a key in the words of the source
+    (`nightly.vllm_url` in a file, NIGHTSHIFT_NIGHTLY_VLLM_URL in the environment);
+    `source`: the file, when they come from one."""
+    said = f"{source}: " if source else ""
+    is_new = section == moved.new
+    new = own if is_new else {k: other[k] for k in moved.keys if k in other}
+    old = {k: (other if is_new else own)[k] for k in moved.keys if k in (other if is_new else own)}
+    out = {**({k: v for k, v in own.items() if k not in moved.keys} if not is_new else own), **new}
+    for key, value in old.items():
+        was, now = label(moved.old, key), label(moved.new, key)
+        if key in new:
+            if str(new[key]) != str(value):
+                raise SettingsError(f"{said}{now} ({new[key]!r}) and {was} ({value!r}) are both given and differ: keep "
+                                    f"{now} and remove {was} (its old place, deprecated)")
+        else:
+            out[key] = value
+        note = f"{said}{was} is deprecated: use {now} (the same setting; {was} still works for now)"
+        if notes is not None and note not in notes:
+            notes.append(note)
+    return out
+
+
 def load(cls: type, section: str, config_file: str | None = None, flags: dict | None = None,
-         env: dict | None = None, *, check: bool = True) -> Any:
+         env: dict | None = None, *, check: bool = True, moved: Moved | None = None,
+         notes: list[str] | None = None) -> Any:
     """`cls()` with the YAML file's `section:` (and top-level `data:`), then the
     `NIGHTSHIFT_<SECTION>_*` variables, then `flags` (a mapping, nested like the
     YAML; None values are flags not given) applied in that order, then validated
-    (`validate`) unless `check` is false."""
+    (`validate`) unless `check` is false. `moved`: settings that also have (or had)
+    another section (`Moved`); what the command should say about an old place
+    used goes to `notes`."""
     obj = cls()
     where: dict[str, str] = {}
     if config_file:
         doc = read_file(config_file)
         names = {f.name for f in dataclasses.fields(obj)}
         top = {k: doc[k] for k in SHARED if k in doc and k in names}
-        sec = doc.get(section) or {}
-        if not isinstance(sec, dict):
-            raise SettingsError(f"{config_file}: `{section}:` must be a mapping")
+        sec = _section(doc, section, config_file)
+        if moved is not None:
+            other = _section(doc, moved.old if section == moved.new else moved.new, config_file)
+            sec = _moved(section, sec, other, moved, lambda s, k: f"{s}.{k}", notes, config_file)
         _apply(obj, {**top, **sec}, section, lambda path: config_file, where)
     var_of: dict[str, str] = {}
-    values = _env(obj, f"NIGHTSHIFT_{section.upper()}", os.environ if env is None else env, True, section, var_of)
+    environ = os.environ if env is None else env
+    values = _env(obj, f"NIGHTSHIFT_{section.upper()}", environ, True, section, var_of)
+    if moved is not None:
+        there = moved.old if section == moved.new else moved.new
+        other = _env(obj, f"NIGHTSHIFT_{there.upper()}", environ, False, section, {})
+        values = _moved(section, values, other, moved, lambda s, k: f"NIGHTSHIFT_{s.upper()}_{k.upper()}", notes)
+        for key in moved.keys:
+            if key in values and f"{section}.{key}" not in var_of:
+                for s in (moved.new, moved.old):
+                    name = f"NIGHTSHIFT_{s.upper()}_{key.upper()}"
+                    if name in environ:
+                        var_of[f"{section}.{key}"] = f"{name}={environ[name]!r}"
+                        break
     _apply(obj, values, section, lambda path: var_of.get(path, "environment"), where)
     flag_of = {f"{section}.{path}": name for path, name in flag_names(cls).items()}
     _apply(obj, _given(flags or {}), section,

@@ -63,15 +63,16 @@ def test_output_still_works_and_says_once_that_it_is_deprecated(tmp_path, capsys
 
 
 def test_publish_rollback_merge_and_checkpoints_read_the_nightly_jobs_settings_file(tmp_path, capsys, monkeypatch):
-    """The file `nightshift nightly --config` reads: `nightly:` for the server and the
+    """The file `nightshift nightly --config` reads: `publish:` for the server and the
     names, `train.output` for the checkpoints folder, `train.base_model` for merging."""
-    monkeypatch.delenv("NIGHTSHIFT_NIGHTLY_VLLM_URL", raising=False)
+    for var in ("NIGHTSHIFT_NIGHTLY_VLLM_URL", "NIGHTSHIFT_PUBLISH_VLLM_URL"):
+        monkeypatch.delenv(var, raising=False)
     ck = tmp_path / "ck"
     (ck / "v0002").mkdir(parents=True)
     (ck / "v0002" / "manifest.json").write_text(json.dumps({"version": "v0002", "algorithm": "sft"}))
     conf = tmp_path / "nightshift.yaml"
     conf.write_text(f"data: {tmp_path / 'data'}\ntrain:\n  base_model: {tmp_path / 'no-base'}\n  output: {ck}\n"
-                    "nightly:\n  vllm_url: http://127.0.0.1:9\n  name: agent\n")
+                    "publish:\n  vllm_url: http://127.0.0.1:9\n  name: agent\n")
     for name in ("publish", "rollback", "merge", "checkpoints"):
         assert "--config" in _options(_commands()[name]), name
 
@@ -86,11 +87,12 @@ def test_publish_rollback_merge_and_checkpoints_read_the_nightly_jobs_settings_f
 
 
 def test_publish_names_its_server_somewhere_or_refuses(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("NIGHTSHIFT_NIGHTLY_VLLM_URL", raising=False)
+    for var in ("NIGHTSHIFT_NIGHTLY_VLLM_URL", "NIGHTSHIFT_PUBLISH_VLLM_URL"):
+        monkeypatch.delenv(var, raising=False)
     code, _, err = _run(capsys, "publish", "--checkpoint", tmp_path)
-    assert code == 2 and "say which server: --vllm-url URL, nightly.vllm_url in --config, or " \
-                          "NIGHTSHIFT_NIGHTLY_VLLM_URL" in err
-    monkeypatch.setenv("NIGHTSHIFT_NIGHTLY_VLLM_URL", "http://127.0.0.1:9")
+    assert code == 2 and "say which server: --vllm-url URL, publish.vllm_url in --config, or " \
+                          "NIGHTSHIFT_PUBLISH_VLLM_URL" in err
+    monkeypatch.setenv("NIGHTSHIFT_PUBLISH_VLLM_URL", "http://127.0.0.1:9")
     code, _, err = _run(capsys, "publish", "--checkpoint", tmp_path)
     assert code == 1 and "is not a checkpoint version" in err  # past the settings: the variable named the server
 
@@ -124,10 +126,14 @@ def test_the_nightly_help_example_is_a_settings_file_the_job_accepts_with_the_de
     f.write_text(textwrap.dedent(example))
     check_sections(str(f), SECTIONS)
     load(TransformConfig, "transform", str(f), env={})
-    night = load(NightlyConfig, "nightly", str(f), env={})
+    from nightshift.publish.publish import MOVED
+
+    said: list[str] = []
+    night = load(NightlyConfig, "nightly", str(f), env={}, moved=MOVED, notes=said)
     train = load(TrainConfig, "train", str(f), env={}, check=False)
     assert yaml.safe_load(f.read_text())["train"]["algorithm"] == train.algorithm == TrainConfig().algorithm
     assert night.gate.command == "python eval.py"
+    assert night.vllm_url == "http://vllm:8000" and said == []  # the publishing keys in their own section
 
 
 class _NotFound(BaseHTTPRequestHandler):
