@@ -53,10 +53,16 @@ def arms(rows: pl.DataFrame, outcomes: pl.DataFrame, trial: dict) -> tuple[list[
               .agg(pl.col("version").first(), pl.col("prompt_seen").first().alias("seen"),
                    pl.col("start_time").min().alias("start"))
               .join(outcomes.select("trajectory_id", "reward"), on="trajectory_id", how="left"))
-    cand = firsts.filter(pl.col("seen") == trial["version_id"])
+    started = dt.datetime.fromisoformat(trial["time"].replace("Z", "+00:00"))
+    # the route's mark is the id of the candidate's text with the REQUEST's tools; the lake knows
+    # an agent whose spans record no tools (openai-v2) without them, so the mark can differ from
+    # the candidate's version_id. One trial per agent at a time, and none beside a promoted prompt:
+    # from the trial's start on, a mark on this agent's trajectories is this trial's candidate
+    cand = firsts.filter((pl.col("seen") == trial["version_id"])
+                         | (pl.col("seen").is_not_null() & (pl.col("start") >= started)))
     first = cand["start"].min()
     if first is None:
-        first = dt.datetime.fromisoformat(trial["time"].replace("Z", "+00:00"))
+        first = started
     base = firsts.filter(pl.col("seen").is_null() & pl.col("version").is_in(sorted(own))
                          & (pl.col("start") >= first))
     return base["reward"].drop_nulls().to_list(), cand["reward"].drop_nulls().to_list()
