@@ -54,12 +54,13 @@ def arms(rows: pl.DataFrame, outcomes: pl.DataFrame, trial: dict) -> tuple[list[
                    pl.col("start_time").min().alias("start"))
               .join(outcomes.select("trajectory_id", "reward"), on="trajectory_id", how="left"))
     started = dt.datetime.fromisoformat(trial["time"].replace("Z", "+00:00"))
-    # the route's mark is the id of the candidate's text with the REQUEST's tools; the lake knows
-    # an agent whose spans record no tools (openai-v2) without them, so the mark can differ from
-    # the candidate's version_id. One trial per agent at a time, and none beside a promoted prompt:
-    # from the trial's start on, a mark on this agent's trajectories is this trial's candidate
-    cand = firsts.filter((pl.col("seen") == trial["version_id"])
-                         | (pl.col("seen").is_not_null() & (pl.col("start") >= started)))
+    cand = firsts.filter(pl.col("seen") == trial["version_id"])
+    if cand.is_empty():
+        # the route's mark is the id of the candidate's text with the REQUEST's tools; the lake knows
+        # an agent whose spans record no tools (openai-v2) without them, so no mark is the candidate's
+        # version_id. One trial per agent at a time, and none beside a promoted prompt: from the
+        # trial's start on, a mark on this agent's trajectories is this trial's candidate
+        cand = firsts.filter(pl.col("seen").is_not_null() & (pl.col("start") >= started))
     first = cand["start"].min()
     if first is None:
         first = started
