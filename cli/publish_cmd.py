@@ -233,11 +233,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     checkpoints = train_settings(args).output
     from nightshift.judge.prompt_watch import watch_prompts
     from nightshift.prompts.config import ApoConfig
+    from nightshift.publish import prompt_canary as trials
     from nightshift.publish.prompt_canary import TrialError
 
     apo = load(ApoConfig, "apo", args.config, {"data": _data(args)})  # the prompt candidates' store, its trials
     try:
         verdict, out = watch(_data(args), checkpoints, n, n.watch, n.canary, act=not args.dry_run)
+        if not args.dry_run:  # a prompt change a killed process left half-done, settled before the look
+            out += trials.reconcile(apo.store(), n.canary.route_token, apo.storage_options)
         prompts, more = watch_prompts(_data(args), apo.store(), n.watch, n.canary, checkpoints=checkpoints,
                                       act=not args.dry_run, storage_options=apo.storage_options)
     except (RegistryError, TrialError) as e:

@@ -258,9 +258,12 @@ def _prompting(n: NightlyConfig) -> bool:
 def _watch_prompts(data: str, store: str, checkpoints: str, n: NightlyConfig) -> list[str]:
     """The prompt canaries' watch: judged like the adapter's, never stops the night."""
     from nightshift.judge.prompt_watch import watch_prompts
+    from nightshift.publish import prompt_canary
 
-    try:
+    try:  # a prompt change a killed process left half-done is settled before the look
+        done = prompt_canary.reconcile(store, n.canary.route_token)
         _, out = watch_prompts(data, store, n.watch, n.canary, checkpoints=checkpoints)
+        out = done + out
     except Exception as e:  # noqa: BLE001 - a record unreadable, the route down: said, not fatal
         log.warning("prompt watch failed: %s", e)
         return [f"prompt watch failed: {e}"]

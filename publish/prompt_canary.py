@@ -20,9 +20,15 @@ The record is a list of entries, in order, one `agent` each:
   changed (`changed_to`: the new prompt's id the route saw); the route stops
   rewriting by itself, since the new prompt no longer matches.
 
-The route moves first and the record follows: a route that refuses leaves the
-record as it was, and the error says why. Which trial goes on and which ends is
-the judge's call (judge/prompt_watch.py), never this module's.
+Each change is written ahead (`pending`, beside the list), then the route moves,
+then the entry is appended and the pending change cleared, in one write: a route
+that refuses leaves the record as it was, and the error says why. A process killed
+between the steps (failpoints `prompt_start.pending`, `prompt_start.routed`, and
+the same for `prompt_stop` and `prompt_promote`) leaves the pending change, which
+the next command finishes or undoes before anything else (`reconcile`, the same
+rules as an adapter's change in publish/recover.py), so the route serves no
+prompt the record does not name. Which trial goes on and which ends is the
+judge's call (judge/prompt_watch.py), never this module's.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ from nightshift.route.client import RouteClient, RouteError, prompt_name
 from nightshift.schemas.prompt_identity import system_id
 from nightshift.storage import write_atomic
 
+from .failpoints import hit
+
 log = logging.getLogger("nightshift.publish.prompt_canary")
 
 TRIALS = "trials.json"
 ROLES = ("canary", "canary_end", "retired")
 OUTCOMES = ("promoted", "stopped", "expired")
+OPS = ("start", "stop", "promote")
 #: what an entry must hold, and as what
 NEEDS = {"agent": str, "role": str, "match": str, "candidate": str, "time": str}
 
@@ -76,12 +85,22 @@ def read(store: str, storage_options: dict | None = None) -> list[dict]:
     """Every entry, in order ([] when no trial was ever started). A record with any
     problem is refused whole (TrialError): guessing which trial runs could end the
     wrong one or start a second on one agent."""
+    return _load(store, storage_options)[0]
+
+
+def pending(store: str, storage_options: dict | None = None) -> dict | None:
+    """The change written ahead and not yet finished: a process was killed in it
+    (or is making it now), and `reconcile` settles it."""
+    return _load(store, storage_options)[1]
+
+
+def _load(store: str, storage_options: dict | None) -> tuple[list[dict], dict | None]:
     path = path_of(store)
     try:
         with fsspec.open(path, "rb", **(storage_options or {})) as fh:
             raw = fh.read()
     except FileNotFoundError:
-        return []
+        return [], None
     except OSError as e:
         raise TrialError(f"{path} cannot be read ({e.strerror or e})") from None
     try:
@@ -95,18 +114,89 @@ def read(store: str, storage_options: dict | None = None) -> list[dict]:
         why = entry_problem(e)
         if why:
             raise TrialError(f"{path}: trial entry {i} {why}")
-    return entries
+    ahead = doc.get("pending")
+    if ahead is not None and not (isinstance(ahead, dict) and ahead.get("op") in OPS
+                                  and entry_problem(ahead.get("entry")) is None):
+        raise TrialError(f"{path}: its pending change is not one this version wrote (op start, stop or promote "
+                         "with a whole entry): move the file aside only after checking the route by hand")
+    return entries, ahead
 
 
-def append(store: str, entry: dict, storage_options: dict | None = None) -> dict:
-    entries = read(store, storage_options)
+def _write(store: str, entries: list[dict], ahead: dict | None, storage_options: dict | None) -> None:
+    doc: dict = {"trials": entries}
+    if ahead is not None:
+        doc["pending"] = ahead
+    write_atomic(path_of(store), json.dumps(doc, indent=2, ensure_ascii=False), storage_options)
+
+
+def append(store: str, entry: dict, storage_options: dict | None = None, *, done: bool = False) -> dict:
+    """`entry` at the end of the record; `done`: it finishes the pending change,
+    which goes in the same write (a change is never recorded twice nor lost)."""
+    entries, ahead = _load(store, storage_options)
     entry = {**entry, "time": entry.get("time") or _now()}
     why = entry_problem(entry)
     if why:  # a bug here, not a user's input: never write a record the next reader refuses
         raise TrialError(f"refusing to record a trial entry that {why}")
-    write_atomic(path_of(store), json.dumps({"trials": entries + [entry]}, indent=2, ensure_ascii=False),
-                 storage_options)
+    _write(store, entries + [entry], None if done else ahead, storage_options)
     return entry
+
+
+def _ahead(store: str, op: str, entry: dict, storage_options: dict | None, **extra) -> dict:
+    """Write the change ahead of moving the route; the entry it will append."""
+    entries, ahead = _load(store, storage_options)
+    if ahead is not None:  # reconcile runs first; two changes at once would be guessed at afterwards
+        raise TrialError(f"{path_of(store)}: a {ahead['op']} of prompt candidate {ahead['entry'].get('version')} "
+                         f"of {ahead['entry']['agent']!r} is still pending: run `nightshift watch` to settle it")
+    entry = {**entry, "time": entry.get("time") or _now()}
+    why = entry_problem(entry)
+    if why:
+        raise TrialError(f"refusing to record a trial entry that {why}")
+    _write(store, entries, {"op": op, "entry": entry, "time": _now(), **extra}, storage_options)
+    return entry
+
+
+def _drop(store: str, storage_options: dict | None) -> None:
+    """The pending change abandoned: the route refused it, or never took it."""
+    entries, _ = _load(store, storage_options)
+    _write(store, entries, None, storage_options)
+
+
+def reconcile(store: str, token: str = "", storage_options: dict | None = None) -> list[str]:
+    """Finish or undo the change a killed process left pending, so that the route and
+    the record agree; returns what was done, in words ([] when nothing was pending).
+    The rules of publish/recover.py: a start or a promotion the route shows whole
+    is recorded, one it does not show is dropped (the route never served it: a
+    promotion not taken is decided again by the next look); a stop is finished
+    (production judged the candidate worse, or out of time). A route that cannot be
+    reached leaves it pending (TrialError), and nothing else is attempted."""
+    _, ahead = _load(store, storage_options)
+    if ahead is None:
+        return []
+    op, entry = ahead["op"], ahead["entry"]
+    what = f"the {op} of prompt candidate {entry.get('version')} of {entry['agent']!r}"
+    client = RouteClient(str(entry.get("route") or ""), token)
+    try:
+        if op == "stop":
+            client.delete(prompt_name(entry["match"]))
+            append(store, entry, storage_options, done=True)
+            line = f"repaired: {what} was interrupted; finished now and recorded in {TRIALS}"
+        else:
+            route = client.get(prompt_name(entry["match"])) or {}
+            share = 1.0 if op == "promote" else float(entry.get("share") or 0)
+            if route.get("candidate") == entry["candidate"] and float(route.get("share") or 0) == share:
+                append(store, entry, storage_options, done=True)
+                line = (f"repaired: {what} was interrupted after the route had taken it: recorded in {TRIALS} "
+                        "now")
+            else:
+                _drop(store, storage_options)
+                line = (f"repaired: {what} was interrupted before the route took it: dropped ("
+                        + ("the trial goes on; the next look decides again" if op == "promote" else
+                           "no conversation saw it") + ")")
+    except RouteError as e:
+        raise TrialError(f"{what} was interrupted and cannot be settled yet ({e}); it stays pending in "
+                         f"{path_of(store)}, and the next watch or nightly run tries again") from None
+    log.warning("%s", line)
+    return [line]
 
 
 def running(entries: list[dict], agent: str | None = None) -> list[dict]:
@@ -148,7 +238,9 @@ def start(store: str, candidate, client: RouteClient, share: float, *, agent: st
     Refused when that agent already has a trial running (two at once could not be
     told apart), or a promoted prompt applied on that same prompt: the route holds
     one candidate per prompt, so a new trial would take the promoted one away from
-    the conversations outside its share."""
+    the conversations outside its share. A change an earlier process left pending
+    is settled first (`reconcile`)."""
+    reconcile(store, client.token, storage_options)
     entries = read(store, storage_options)
     busy = running(entries, agent)
     if busy:
@@ -167,18 +259,22 @@ def start(store: str, candidate, client: RouteClient, share: float, *, agent: st
         raise TrialError(f"agent {agent!r}'s prompt {match} is replaced by promoted candidate {kept[0].get('version')} "
                          "on the route: put it in the agent's own code first (the route holds one candidate per "
                          "prompt, and a new trial would take the promoted one from the other conversations)")
+    entry = _ahead(store, "start", {
+        "role": "canary", "agent": agent, "match": match, "candidate": cand, "version_id": version_id,
+        "parent_version_id": man["parent"].get("version_id"), "version": candidate.version, "path": candidate.path,
+        "share": share, "route": client.url, "model": model or man.get("model") or "", "match_system": match_system},
+        storage_options)
+    hit("prompt_start.pending")
     try:
         client.set_prompt(match, cand, system, share, agent=agent, model=model or man.get("model") or "",
                           match_system=match_system)
     except RouteError as e:
+        _drop(store, storage_options)
         raise TrialError(f"the route at {client.url} refused prompt candidate {candidate.version} of {agent!r}: "
                          f"{e}") from None
+    hit("prompt_start.routed")
     log.info("prompt canary: %s of %s on %.0f %% of its conversations", candidate.version, agent, 100 * share)
-    return append(store, {"role": "canary", "agent": agent, "match": match, "candidate": cand,
-                          "version_id": version_id, "parent_version_id": man["parent"].get("version_id"),
-                          "version": candidate.version, "path": candidate.path, "share": share, "route": client.url,
-                          "model": model or man.get("model") or "", "match_system": match_system},
-                  storage_options)
+    return append(store, entry, storage_options, done=True)
 
 
 def _parent_texts(candidate, match: str, storage_options: dict | None) -> list[str] | None:
@@ -209,12 +305,17 @@ def stop(store: str, trial: dict, client: RouteClient, why: str, outcome: str = 
          storage_options: dict | None = None) -> list[str]:
     """End a trial: the route's prompt route deleted (every conversation gets the
     agent's own prompt again), then the record."""
+    entry = _ahead(store, "stop", _ended(trial, role="canary_end", outcome=outcome, why=why, route=client.url),
+                   storage_options)
+    hit("prompt_stop.pending")
     try:
         client.delete(prompt_name(trial["match"]))
     except RouteError as e:
+        _drop(store, storage_options)
         raise TrialError(f"the route at {client.url} did not take prompt candidate {trial.get('version')} of "
                          f"{trial['agent']!r} off: {e}") from None
-    append(store, _ended(trial, role="canary_end", outcome=outcome, why=why), storage_options)
+    hit("prompt_stop.routed")
+    append(store, entry, storage_options, done=True)
     return [f"prompt canary {trial.get('version')} of {trial['agent']} {outcome}: {why}"]
 
 
@@ -222,13 +323,18 @@ def promote(store: str, trial: dict, client: RouteClient, system: str | list[str
             storage_options: dict | None = None) -> list[str]:
     """The candidate for every conversation of the agent's prompt (share 1.0), kept
     there until the agent changes its own prompt; then the record."""
+    entry = _ahead(store, "promote", _ended(trial, role="canary_end", outcome="promoted", why=why,
+                                            route=client.url), storage_options)
+    hit("prompt_promote.pending")
     try:
         client.set_prompt(trial["match"], trial["candidate"], system, 1.0, agent=trial["agent"],
                           model=trial.get("model") or "", match_system=trial.get("match_system"))
     except RouteError as e:
+        _drop(store, storage_options)
         raise TrialError(f"the route at {client.url} did not take prompt candidate {trial.get('version')} of "
                          f"{trial['agent']!r} to every conversation: {e}") from None
-    append(store, _ended(trial, role="canary_end", outcome="promoted", why=why), storage_options)
+    hit("prompt_promote.routed")
+    append(store, entry, storage_options, done=True)
     return [f"prompt canary {trial.get('version')} of {trial['agent']} promoted: {why}",
             f"  the route applies it to every conversation of prompt {trial['match']} until the agent changes "
             "its own prompt"]
