@@ -143,6 +143,7 @@ def _candidate(c) -> dict:
 
 
 def cmd_propose(args: argparse.Namespace) -> int:
+    from nightshift.judge.screen import screener
     from nightshift.prompts.client import ProposerError
     from nightshift.prompts.lake import NoTransitions
     from nightshift.prompts.meta import MetaError
@@ -155,7 +156,7 @@ def cmd_propose(args: argparse.Namespace) -> int:
     cfg = _config(args)
     setup_logging(cfg.log_level, args.log_format)
     try:
-        rnd = propose(cfg, args.agent)
+        rnd = propose(cfg, args.agent, screen=screener(cfg))
     except (ApoError, MetaError, ProposerError, LayoutError) as e:
         say(f"nightshift prompts propose: {e}", args.log_format)
         return 2

@@ -71,6 +71,7 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
     a prompt canary. `table`: every agent's prompt versions (`prompts.versions.by_agent`).
     Each agent's failure is said and the others go on."""
     from nightshift.prompts.client import ProposerError
+    from nightshift.judge.screen import screener
     from nightshift.prompts.propose import ApoError, propose
 
     out: list[str] = []
@@ -110,7 +111,7 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
                        "judged on the model it calls; one experiment per agent at a time")
             continue
         try:
-            rnd = propose(apo_cfg, agent, table=table)
+            rnd = propose(apo_cfg, agent, table=table, screen=screener(apo_cfg))
         except (ApoError, ProposerError, OSError, ValueError) as e:  # its own sentence each
             out.append(f"{agent}: no prompt candidate: {e}")
             continue

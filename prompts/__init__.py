@@ -9,6 +9,6 @@ in schemas/ because the route computes the same id from one request), how each
 did in production, and has an OpenAI-compatible LLM critique the failures and propose
 edited prompts (`propose`), stored versioned like checkpoints (`store`), checked
 before anyone sees them (`validate`), optionally screened by the user's own
-evaluation command (`screen`), the good ones carried as next night's parents
+evaluation command (judge/screen.py, handed in by the caller), the good ones carried as next night's parents
 (`beam`).
 """

@@ -16,16 +16,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Callable
 
 from nightshift.schemas.prompt_identity import PromptVersion, tool_names
 from nightshift.schemas.prompt_template import placeholders
 
 from . import beam as beams
 from . import meta as metas
-from . import screen, store
+from . import store
 from .client import Endpoint, ProposerError, chat
 from .config import ApoConfig
 from .evidence import Evidence, gather
@@ -148,8 +147,16 @@ def _stats(s: PromptStats | None) -> dict:
     return {k: getattr(s, k) for k in ("calls", "trajectories", "rated", "mean", "low", "high", "binary")}
 
 
-def propose(cfg: ApoConfig, agent_name: str, *, salt: str | None = None, table: PromptTable | None = None) -> Round:
-    """Run one round for one agent and store what it proposes."""
+def propose(cfg: ApoConfig, agent_name: str, *, salt: str | None = None, table: PromptTable | None = None,
+            screen: Callable[[store.Candidate, str, str | None], dict] | None = None) -> Round:
+    """Run one round for one agent and store what it proposes. `screen`: the judge's
+    screening of each stored candidate (`judge.screen.screener(cfg)`), handed in
+    because prompts/ never imports the judge; with `apo.gate.command` set and none
+    handed in, the round refuses to start rather than let unscreened candidates
+    pass as if no screening were configured."""
+    if cfg.gate.command and screen is None:
+        raise ApoError("apo.gate.command is set but this caller screens nothing: pass "
+                       "screen=nightshift.judge.screen.screener(cfg)")
     ep = endpoint(cfg)
     ep.key()  # a key variable that is not set: said before anything is read
     meta = metas.load(cfg.meta_prompts)
@@ -234,27 +241,12 @@ def propose(cfg: ApoConfig, agent_name: str, *, salt: str | None = None, table: 
                                              cfg.storage_options)
             known_ids[v.id] = attempt.candidate.version
             log.info("stored candidate %s for %s (%s, from %s)", attempt.candidate.version, agent_name, v.id, parent.ref)
-    if cfg.gate.command:
+    if screen is not None:
         for c in rnd.stored:
-            result = _screen(cfg, c, agent_name, agent.current.model)
-            store.write_screen(c, result, cfg.storage_options)
+            store.write_screen(c, screen(c, agent_name, agent.current.model), cfg.storage_options)
     rnd.beam = beams.update(b, rnd.stored, cfg.beam_width)
     beams.write(root, rnd.beam, cfg.storage_options)
     return rnd
-
-
-def _screen(cfg: ApoConfig, c: store.Candidate, agent: str, model: str | None) -> dict:
-    """The screening command on a candidate, on local folders (an object store's
-    candidate is fetched to a temporary one first)."""
-    if store.is_local(c.path):
-        path = c.path.removeprefix("file://")
-        return screen.run(cfg.gate, path, f"{path}/parent", agent, model)
-    import fsspec
-
-    with tempfile.TemporaryDirectory() as tmp:
-        fs, p = fsspec.core.url_to_fs(c.path, **(cfg.storage_options or {}))
-        fs.get(p.rstrip("/") + "/", tmp, recursive=True)
-        return screen.run(cfg.gate, tmp, str(Path(tmp) / "parent"), agent, model)
 
 
 def lines(rnd: Round) -> list[str]:
