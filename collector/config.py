@@ -48,6 +48,12 @@ class CollectorConfig:
                                     bounds="(0, inf)", metavar="DURATION")
     dedup_window: float = setting(600.0, help="how long resent spans are recognised (clients resend within ~10 s)",
                                   bounds="[0, inf)", metavar="DURATION")
+    dedup_memory: int = setting(32 << 20, help="memory for the keys of recent spans (16 bytes each, 2M keys in 32MiB: "
+                                               "the whole window up to 3.5k spans/s); when full the oldest are "
+                                               "forgotten first; 0 = only dedup_window bounds them",
+                                bounds="[0, inf)", metavar="SIZE")
+    compression: str = setting("zstd", help="Parquet codec: zstd (smallest files), snappy or lz4 (faster to write, "
+                                            "1.3-1.6x larger), none", choices=("zstd", "snappy", "lz4", "none"))
     max_inflight: int = setting(256, help="concurrent requests before answering 503", bounds="[1, inf)")
     client_max_inflight: int = setting(32, help="one client's (peer address's) concurrent requests before answering "
                                                 "it 429; 0 = no limit (behind a gateway every agent is one client)",

@@ -40,12 +40,25 @@ from .keyhash import row_hashes
 log = logging.getLogger("nightshift.collector.datasets")
 
 EVICT_AFTER_S = 900.0
+BUDGET_WARN_EVERY_S = 600.0
 
 #: How every dataset file is written, chosen by measurement on the ingest
 #: benchmark's spans (benchmarks/ingest.py prints the trade-off): zstd level 1
 #: writes 240 MB/s of spans to 0.28 of their protobuf size; level 3 is 20 % slower
 #: for 0.26, snappy 1.6x faster for 0.37. A flush chunk is one row group.
 PARQUET_OPTIONS = dict(compression="zstd", compression_level=1)
+#: The codecs `collector.compression` offers. Measured on the flusher's own chunks
+#: (4 MiB, 2026-11-26, CPU-seconds per 100k spans / file size over the protobuf's):
+#: 1 KB spans zstd 0.60 / 0.14, lz4 0.53 / 0.22, snappy 0.51 / 0.23, none 0.48 /
+#: 0.90; 5 KB spans zstd 2.41 / 0.27, lz4 1.62 / 0.40, snappy 1.38 / 0.36, none
+#: 1.01 / 0.98 (zstd's negative levels were no faster). zstd stays the default: a
+#: lake kept a week and read by every build pays for the 1.3-1.6x larger files
+#: every day, while the flusher's CPU is spent only at peaks (the 5 KB flush goes
+#: from 5.3 to 4.3 CPU-seconds per 100k spans with snappy, the 1 KB one by 5 %).
+#: lz4 is asked for as `lz4_raw`, the Parquet format's current LZ4 codec (pyarrow
+#: names either "LZ4" in a file's metadata); same speed, measured.
+CODECS = {"zstd": PARQUET_OPTIONS, "snappy": dict(compression="snappy"), "lz4": dict(compression="lz4_raw"),
+          "none": dict(compression="none")}
 ROW_GROUP_ROWS = 1 << 20
 #: Columns worth a dictionary: attribute keys and value types repeat on every row;
 #: message content never does, and trying costs 10 % of the write.
@@ -62,10 +75,11 @@ _STATS_COLUMNS = frozenset({"trace_id", "span_id", "parent_span_id", "record_id"
                             "gen_ai_conversation_id"})
 
 
-def parquet_options(schema: pa.Schema) -> dict:
-    """`PARQUET_OPTIONS` with the dictionary and statistics columns of `schema`."""
+def parquet_options(schema: pa.Schema, compression: str = "") -> dict:
+    """The codec's options (`CODECS`, zstd when not given) with the dictionary and
+    statistics columns of `schema`."""
     leaves = _leaf_paths(schema)
-    return {**PARQUET_OPTIONS,
+    return {**CODECS[compression or PARQUET_OPTIONS["compression"]],
             "use_dictionary": [p for p in leaves if p.endswith(_DICT_LEAVES) or p in _DICT_COLUMNS],
             "write_statistics": [p for p in leaves if p in _STATS_COLUMNS]}
 
@@ -244,7 +258,7 @@ class PartitionedWriter:
             self.store.fs.makedirs(os.path.dirname(final), exist_ok=True)
             tmp = final if not self.store.local else f"{final}.tmp-{uuid.uuid4().hex[:8]}"
             f = self.store.fs.open(tmp, "wb")
-            w = pq.ParquetWriter(f, self.schema, **parquet_options(self.schema))
+            w = pq.ParquetWriter(f, self.schema, **parquet_options(self.schema, self.store.compression))
             self._writers[date] = (w, f, tmp, final)
         return self._writers[date][0]
 
@@ -294,7 +308,7 @@ class DatasetStore:
     """The `<data>` root: where datasets live, and which keys they hold."""
 
     def __init__(self, url: str, storage_options: dict | None = None, exclude_batches=lambda: set(),
-                 window_s: float | None = None):
+                 window_s: float | None = None, key_budget: int = 0, compression: str = ""):
         self.url = url
         self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self.root = root.rstrip("/")
@@ -304,6 +318,11 @@ class DatasetStore:
         self._exclude_batches = exclude_batches  # batch ids whose files are not final yet
         self._index: dict[tuple[str, str], _Index] = {}
         self.window_s = window_s
+        self.key_budget = key_budget  # bytes of windowed keys held at most; 0: the window alone bounds them
+        if compression and compression not in CODECS:
+            raise ValueError(f"compression {compression!r} is not one of {', '.join(CODECS)}")
+        self.compression = compression or PARQUET_OPTIONS["compression"]
+        self._budget_warned = -float("inf")
         self.fs.makedirs(self.root, exist_ok=True)
 
     def writer(self, dataset: str, batch_id: str) -> PartitionedWriter:
@@ -324,6 +343,35 @@ class DatasetStore:
         idx = self._index[(dataset, date)]
         idx.frames.append(_Frame.of(_concat(frames), time.monotonic()))
         idx.trim(None if dataset in KEEP_ALL_KEYS else self.window_s)
+        if self.key_budget:
+            self._hold_to_budget()
+
+    def _hold_to_budget(self) -> None:
+        """The oldest windowed keys forgotten while they hold more than
+        `key_budget` bytes (the newest batch's always kept). The window bounds keys
+        by time, so their memory grows with the rate: 600 s at 50k spans/s is 30M
+        keys, 480 MB, three times a sidecar's whole budget. Past the budget a resend
+        older than what is still held is stored twice (the build keeps one copy of a
+        span); nothing is lost."""
+        frames = [(f.added, idx, f) for (dataset, _), idx in self._index.items() if dataset not in KEEP_ALL_KEYS
+                  for f in idx.frames]
+        held = sum(f.h1.nbytes + f.h2.nbytes for _, _, f in frames)
+        if held <= self.key_budget:
+            return
+        frames.sort(key=lambda x: x[0])
+        newest = frames[-1][2]
+        for added, idx, f in frames[:-1]:
+            if held <= self.key_budget:
+                break
+            idx.frames = [g for g in idx.frames if g is not f]
+            held -= f.h1.nbytes + f.h2.nbytes
+        kept = min((g.added for _, idx, _ in frames for g in idx.frames), default=newest.added)
+        now = time.monotonic()
+        if now - self._budget_warned > BUDGET_WARN_EVERY_S:
+            self._budget_warned = now
+            log.warning("the duplicate check holds the keys of the last %.0f s, not %.0f s: they filled its %d MiB "
+                        "(collector.dedup_memory); a span resent later than that is stored twice",
+                        now - kept, self.window_s or float("inf"), self.key_budget >> 20)
 
     def _load(self, dataset: str, date: str, exclude: set[str]) -> tuple[np.ndarray, np.ndarray]:
         folder = layout.partition_folder(self.root, dataset, date)

@@ -143,7 +143,8 @@ def _trim(segment: Path, directory: Path) -> None:
 
 
 def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, parent_pid: int,
-        poll_s: float = 0.2, log_level: int = logging.INFO, dedup_window: float | None = None) -> None:
+        poll_s: float = 0.2, log_level: int = logging.INFO, dedup_window: float | None = None, dedup_memory: int = 0,
+        compression: str = "") -> None:
     """Process entry point. Exits when `stop` is set and no sealed segment is left,
     or when the collector that started it is gone (a restart takes over)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the receiver orchestrates shutdown
@@ -178,7 +179,8 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
             try:
                 if store is None:
                     store = DatasetStore(
-                        data_url, storage_options, window_s=dedup_window,
+                        data_url, storage_options, window_s=dedup_window, key_budget=dedup_memory,
+                        compression=compression,
                         exclude_batches=lambda: {batch_of(p, instance) for p in wal.sealed_segments(directory)},
                     )
                 res = flush_segment(seg, store, instance=instance)

@@ -62,7 +62,8 @@ class Collector:
         """The flusher, in the receiver's log format: both write to the same stderr,
         which a log pipeline reads as one stream."""
         settings = {"wal_dir": str(self.wal_dir), "data": self.cfg.data, "storage_options": self.cfg.storage_options,
-                    "dedup_window": self.cfg.dedup_window, "log_level": logging.getLogger().level,
+                    "dedup_window": self.cfg.dedup_window, "dedup_memory": self.cfg.dedup_memory,
+                    "compression": self.cfg.compression, "log_level": logging.getLogger().level,
                     "log_format": logs.current()}
         self._flusher = flusher_process.FlusherProcess(settings, self._stats, self._flusher_stop)
         log.info("flusher started (pid %d)", self._flusher.pid)

@@ -7,8 +7,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
-from nightshift.collector import flusher_process
+import pyarrow.parquet as pq
+import pytest
+from hardening.proc import drained
+from helpers import make_request, post
+
+from nightshift.collector import flusher_process, wal
+from nightshift.collector.datasets import DatasetStore
+from nightshift.collector.flusher import flush_segment
 
 
 def _backend(env: dict[str, str]) -> str:
@@ -29,3 +38,72 @@ def test_a_running_collectors_flusher_starts_with_that_allocator(collector):
     environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
     assert b"ARROW_DEFAULT_MEMORY_POOL=jemalloc" in environ
     assert collector.stop() == 0
+
+
+# --- the codec (collector.compression) ------------------------------------------------
+
+
+def _segment(directory: Path, n: int, *requests) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    p = directory / f"{n:020d}{wal.SEALED}"
+    p.write_bytes(wal.MAGIC + b"".join(wal.encode_record(wal.KIND_TRACES, time.time_ns(), r.SerializeToString())
+                                       for r in requests))
+    return p
+
+
+def _codecs(data: Path) -> set[str]:
+    files = list((data / "spans").rglob("*.parquet"))
+    assert files
+    return {pq.ParquetFile(f).metadata.row_group(0).column(i).compression
+            for f in files for i in range(pq.ParquetFile(f).metadata.num_columns)}
+
+
+@pytest.mark.parametrize("codec, written", [("", "ZSTD"), ("zstd", "ZSTD"), ("snappy", "SNAPPY"),
+                                            ("lz4", "LZ4"), ("none", "UNCOMPRESSED")])
+def test_the_codec_setting_is_the_codec_of_every_column_written(tmp_path, codec, written):
+    req, _ = make_request(20)
+    res = flush_segment(_segment(tmp_path / "wal", 1, req), DatasetStore(str(tmp_path / "data"), compression=codec))
+    assert res.spans == 20
+    assert _codecs(tmp_path / "data") == {written}
+
+
+def test_an_unknown_codec_is_named_not_a_traceback_mid_flush(tmp_path):
+    with pytest.raises(ValueError, match="'brotli' is not one of zstd, snappy, lz4, none"):
+        DatasetStore(str(tmp_path / "data"), compression="brotli")
+
+
+def test_nightshift_collect_writes_with_the_codec_it_was_given(collector_factory):
+    c = collector_factory(extra_args=["--compression", "snappy"]).start()
+    req, _ = make_request(5)
+    assert post(c.http_port, "/v1/traces", req.SerializeToString())[0] == 200
+    drained(c)
+    assert _codecs(c.data) == {"SNAPPY"}
+    assert c.stop() == 0
+
+
+# --- the duplicate check's memory (collector.dedup_memory) -----------------------------
+
+
+def test_keys_past_the_budget_are_forgotten_oldest_first_and_said_so(tmp_path, caplog):
+    """16 bytes a key: 100 spans are 1600 bytes, so a 2500-byte budget holds one
+    segment's keys. A resend of the newest is still a duplicate; a resend of one
+    forgotten is stored again (twice in the lake, never lost)."""
+    data = str(tmp_path / "data")
+    store = DatasetStore(data, window_s=600.0, key_budget=2500)
+    batches = [make_request(100)[0] for _ in range(3)]
+    for i, req in enumerate(batches):
+        assert flush_segment(_segment(tmp_path / "wal", i, req), store).spans == 100
+    assert "holds the keys of the last" in caplog.text and "collector.dedup_memory" in caplog.text
+    again_newest = flush_segment(_segment(tmp_path / "wal", 10, batches[2]), store)
+    assert (again_newest.spans, again_newest.duplicates) == (0, 100)
+    again_oldest = flush_segment(_segment(tmp_path / "wal", 11, batches[0]), store)
+    assert (again_oldest.spans, again_oldest.duplicates) == (100, 0)
+
+
+def test_without_a_budget_the_window_alone_decides(tmp_path):
+    store = DatasetStore(str(tmp_path / "data"), window_s=600.0)
+    batches = [make_request(100)[0] for _ in range(3)]
+    for i, req in enumerate(batches):
+        flush_segment(_segment(tmp_path / "wal", i, req), store)
+    again_oldest = flush_segment(_segment(tmp_path / "wal", 11, batches[0]), store)
+    assert (again_oldest.spans, again_oldest.duplicates) == (0, 100)
