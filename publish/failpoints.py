@@ -4,7 +4,8 @@ start, stop or promotion where a test or a drill kills this process, exactly as
 agreeing (publish/recover.py) whichever step was the last one done.
 
 Off unless `NIGHTSHIFT_PUBLISH_FAILPOINTS` names points (comma-separated, e.g.
-`publish.loaded,canary_start.routed`); a point fires once per marker file in
+`publish.loaded,canary_start.routed`, or a prompt canary's
+`prompt_start.pending`, `prompt_stop.routed`, ...: publish/prompt_canary.py); a point fires once per marker file in
 `NIGHTSHIFT_PUBLISH_FAILPOINT_DIR` when that is set (created on firing), else
 every time. Read at each hit rather than at import, so a subprocess started with
 the variable is all a test needs; when off, `hit` is one dictionary lookup.
