@@ -43,6 +43,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -123,12 +124,77 @@ class Generated:
     seconds: float
     reused: bool
     jobs: int
+    copies: int = 1  # the base set and its copies (--replicate)
+
+
+def base_params(p: st.Params, replicate: int) -> tuple[st.Params, int]:
+    """The set generated span by span and how many copies of it make `p`: with
+    --replicate N below the dataset's size, whole copies of an N-span base (N
+    rounded to whole trajectories); otherwise `p` itself, once."""
+    if not replicate or replicate >= p.total_spans:
+        return p, 1
+    base = st.Params.from_json({**p.to_json(), "spans": replicate})
+    return base, max(1, p.total_spans // base.total_spans)
+
+
+def replicated(p: st.Params, replicate: int) -> st.Params:
+    """The parameters the dataset really has: a whole number of copies of the base."""
+    base, copies = base_params(p, replicate)
+    return p if copies == 1 and base is p else st.Params.from_json({**p.to_json(), "spans": base.total_spans * copies})
+
+
+def copy_file(src: str, copy: int) -> tuple[int, int]:
+    """Copy `copy` of one base file, beside it: every trace id's first four hex digits
+    replaced by the copy's number (span ids are unique within their trace), columnar
+    in Arrow, so a copy costs a Parquet read and write, not Python per span. The
+    collector's Parquet settings and schema metadata, as the generator writes them."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(src)
+    rows_per_group = pf.metadata.row_group(0).num_rows if pf.metadata.num_row_groups else 10_000
+    t = pf.read()
+    i = t.schema.get_field_index("trace_id")
+    t = t.set_column(i, t.schema.field(i), pc.utf8_replace_slice(t.column(i), start=0, stop=4,
+                                                                 replacement=f"{copy:04x}"))
+    dst = src[:-len(".parquet")] + f"-copy{copy:04d}.parquet"
+    pq.write_table(t, dst + ".tmp", compression="zstd", compression_level=1, write_statistics=True,
+                   row_group_size=rows_per_group)
+    os.replace(dst + ".tmp", dst)
+    return t.num_rows, os.path.getsize(dst)
+
+
+def _copy_star(a: tuple[str, int]) -> tuple[int, int]:
+    return copy_file(*a)
+
+
+def replicate_dataset(root: Path, copies: int, jobs: int, progress) -> tuple[int, int, int]:
+    """Copies 1..copies-1 of the base files already in root/spans, by `jobs` processes."""
+    base = sorted(f for f in glob.glob(str(root / "spans" / "date=*" / "*.parquet")) if "-copy" not in f)
+    work = [(f, k) for k in range(1, copies) for f in base]
+    rows = size = 0
+    if jobs <= 1:
+        results = map(_copy_star, work)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+        results = ex.map(_copy_star, work)
+    try:
+        for done, (r, s) in enumerate(results, 1):
+            rows, size = rows + r, size + s
+            progress(done, len(work), rows)
+    finally:
+        if jobs > 1:
+            ex.shutdown()
+    return rows, size, len(work)
 
 
 def generate(p: st.Params, root: Path, args) -> Generated:
     marker = root / "synth.json"
     desc = {"generator": GENERATOR_VERSION, "params": p.to_json(), "chunk_spans": args.chunk_spans,
-            "row_group_spans": args.row_group_spans}
+            "row_group_spans": args.row_group_spans, "replicate": args.replicate}
     files = sorted(glob.glob(str(root / "spans" / "date=*" / "*.parquet")))
     if marker.exists() and files:
         try:
@@ -140,10 +206,11 @@ def generate(p: st.Params, root: Path, args) -> Generated:
             return Generated(p.total_spans, sum(os.path.getsize(f) for f in files), len(files), 0.0, True, 0)
     shutil.rmtree(root / "spans", ignore_errors=True)
     marker.unlink(missing_ok=True)
+    full, (p, copies) = p, base_params(p, args.replicate)
     n_chunks = len(st.chunks(p, args.chunk_spans))
     jobs = max(1, min(args.jobs, n_chunks))
     log(f"writing {p.total_spans:,} spans ({p.trajectories:,} trajectories) to {root}/spans: "
-        f"{n_chunks} files, {jobs} process(es)")
+        f"{n_chunks} files, {jobs} process(es)" + (f", then {copies - 1} copies of them" if copies > 1 else ""))
     step = max(1, n_chunks // 10)
 
     def progress(done: int, total: int, rows: int) -> None:
@@ -153,9 +220,14 @@ def generate(p: st.Params, root: Path, args) -> Generated:
     t0 = time.perf_counter()
     rows, size, nfiles = st.write_dataset(p, str(root), chunk_spans=args.chunk_spans,
                                           row_group_spans=args.row_group_spans, jobs=jobs, progress=progress)
+    if copies > 1:
+        step = max(1, (copies - 1) * nfiles // 10)
+        more = replicate_dataset(root, copies, jobs, lambda d, n, r: progress(d, n, rows + r))
+        rows, size, nfiles = rows + more[0], size + more[1], nfiles + more[2]
+        assert rows == replicated(full, args.replicate).total_spans, (rows, full)
     took = time.perf_counter() - t0
     marker.write_text(json.dumps(desc, indent=1))
-    return Generated(rows, size, nfiles, took, False, jobs)
+    return Generated(rows, size, nfiles, took, False, jobs, copies)
 
 
 # --------------------------------------------------------------------------------------
@@ -285,8 +357,9 @@ class Output:
     ok: bool = True
 
 
-def inspect_output(p: st.Params, root: Path) -> Output:
-    """Rows from the footers, then a few checks against the workload (not timed)."""
+def inspect_output(p: st.Params, root: Path, replicate: int = 0) -> Output:
+    """Rows from the footers, then a few checks against the workload (not timed); a
+    replicated dataset's conventions are its base's, copy after copy."""
     import numpy as np
     import polars as pl
     import pyarrow.parquet as pq
@@ -300,7 +373,9 @@ def inspect_output(p: st.Params, root: Path) -> Output:
     if not files:
         out.ok = False
         return out
-    conv = np.asarray(st.convention_of(p, np.arange(p.trajectories, dtype=np.uint64))) if p.mix else None
+    base, copies = base_params(p, replicate)
+    conv = np.tile(np.asarray(st.convention_of(base, np.arange(base.trajectories, dtype=np.uint64))),
+                   copies) if p.mix else None
     expected_by_conv = ({st.CONVENTIONS[k]: int(n) * p.calls for k, n in enumerate(np.bincount(conv, minlength=3))}
                         if p.mix else {st.CONVENTIONS[st.AGL]: p.llm_spans})
     try:
@@ -357,6 +432,9 @@ def parse_args() -> tuple[argparse.Namespace, st.Params]:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generator processes (default: CPU count)")
     ap.add_argument("--data", type=Path, default=None,
                     help="keep the dataset in DIR and reuse it when the parameters match (default: a temp dir, removed)")
+    ap.add_argument("--replicate", type=int, default=1_000_000, metavar="N",
+                    help="a dataset larger than N spans is whole copies of an N-span base, generated once; each copy's "
+                         "trace ids differ (default 1,000,000: 10M spans in minutes, not half an hour; 0: generate all)")
     ap.add_argument("--generate-only", action="store_true", help="write the dataset, print the generator's figures, stop")
     ap.add_argument("--build-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for `nightshift build` (repeatable), e.g. --build-arg=--credit=discounted")
@@ -384,6 +462,9 @@ def parse_args() -> tuple[argparse.Namespace, st.Params]:
         p.check()
     except ValueError as e:
         ap.error(str(e))
+    if args.replicate < 0:
+        ap.error("--replicate must be 0 (generate every span) or a number of spans")
+    p = replicated(p, args.replicate)  # whole copies of the base: the figures count what is on disk
     if args.chunk_spans < p.spans_per_trajectory or args.row_group_spans < 1:
         ap.error("--chunk-spans must hold at least one trajectory; --row-group-spans must be positive")
     return args, p
@@ -422,7 +503,9 @@ def generator_lines(gen: Generated, root: Path) -> list[str]:
         return [f"generator: reused {gen.files} files in {root} ({gen.bytes / MIB:,.0f} MiB, "
                 f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)"]
     return [f"generator: {gen.rows:,} spans in {gen.seconds:.1f} s = {fmt(gen.rows / gen.seconds)} spans/s "
-            f"({gen.jobs} process(es), {gen.files} files, {gen.bytes / MIB:,.0f} MiB zstd, "
+            f"({gen.jobs} process(es), {gen.files} files"
+            + (f": a base of {gen.rows // gen.copies:,} spans and {gen.copies - 1} copies, new trace ids"
+               if gen.copies > 1 else "") + f", {gen.bytes / MIB:,.0f} MiB zstd, "
             f"{gen.bytes / max(gen.rows, 1):,.0f} bytes/span on disk)"]
 
 
@@ -511,7 +594,7 @@ def ray_lines(p: st.Params, args: argparse.Namespace, runs: list[tuple[int, Buil
     base_w, base = runs[0]
     rows = []
     for w, run in runs:
-        workers = next((x.split("peak RSS ", 1)[1] for x in run.stdout.splitlines() if x.startswith("ray:")), "?")
+        workers = _ray_line(run.stdout)[0] or "?"
         rows.append((f"{w} worker(s)", f"{run.wall:.2f} s wall, {fmt(p.total_spans / run.wall)} spans/s, "
                                        f"speed-up {base.wall / run.wall:.2f}x; peak RSS: driver "
                                        f"{run.peak_rss_root / MIB:,.0f} MiB, each worker {workers}, "
@@ -544,8 +627,47 @@ def ray_lines(p: st.Params, args: argparse.Namespace, runs: list[tuple[int, Buil
         out.append(f"  the same without the driver's fixed start-up (a window {10}x this size): " + ", ".join(
             f"N={n}: {(serial + 10 * (split + work + parts)) / (serial + 10 * ((split + work) / n + parts / min(n, dates))):.1f}x"
             for n in (2, 4, 8, 16, 64)))
+        out.extend(_cpu_lines(runs))
         if os.cpu_count() and max(args.worker_counts) > os.cpu_count():
             out.append(f"  (this machine has {os.cpu_count()} cores: counts above it share them)")
+    return out
+
+
+def _ray_line(stdout: str) -> tuple[str, list[float]]:
+    """The build's `ray:` line: each worker's peak RSS (as printed) and the CPU-seconds of its tasks."""
+    import re
+
+    line = next((x for x in stdout.splitlines() if x.startswith("ray:")), "")
+    rss = line.split("peak RSS ", 1)[1].split(";", 1)[0] if "peak RSS " in line else ""
+    cpu = line.split("tasks' CPU ", 1)[1] if "tasks' CPU " in line else ""
+    return rss, [float(x) for x in re.findall(r"([\d.]+) s", cpu)]
+
+
+def _cpu_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
+    """Amdahl's law in CPU-seconds, which other processes on a shared machine do not
+    inflate as they do wall time: the driver's CPU-seconds stay serial, the tasks'
+    (split, buckets, partitions) divide among the workers. Ray's own processes (its
+    cluster's start-up and bookkeeping) are in neither: the wall figure has them."""
+    out = []
+    for w, run in runs:
+        _, cpu = _ray_line(run.stdout)
+        m = next((re.search(r"the driver's CPU: ([\d.]+) s", x) for x in run.stdout.splitlines()
+                  if x.startswith("time: ")), None)
+        if not cpu or not m:
+            continue
+        driver, tasks = float(m.group(1)), sum(cpu)
+        share = driver / (driver + tasks) if driver + tasks else float("nan")
+        out.append(f"  {w} worker(s), CPU-seconds: driver {driver:.1f} s (serial share {share:.0%}), tasks "
+                   f"{tasks:.1f} s = " + " + ".join(f"{c:.1f}" for c in cpu)
+                   + " by worker; the build (wait4, its reaped children too) "
+                   f"{run.cpu:.1f} s")
+        if w == max(x for x, _ in runs):
+            busiest = max(cpu)  # the longest worker bounds the wall time: its imbalance counts as serial too
+            got = (driver + tasks) / (driver + busiest)
+            out.append(f"  speed-up from CPU-seconds (driver + tasks) / (driver + busiest worker) with {w} worker(s): "
+                       f"{got:.2f}x ({T_RAY}) {T_RAY.verdict(got) if w == 2 else ''}; projected for N (Amdahl, "
+                       "serial = the driver): " + ", ".join(f"N={n}: {(driver + tasks) / (driver + tasks / n):.1f}x"
+                                                           for n in (2, 4, 8, 16, 64)))
     return out
 
 
@@ -610,7 +732,7 @@ def main() -> int:
                 rep.extend(failure_lines(run, args))
                 rep.print()
                 return 1
-            res = inspect_output(p, root)
+            res = inspect_output(p, root, args.replicate)
             log("measuring the floor: read the spans, write the transitions")
             floor = measure_floor(root)
             rep.extend(build_lines(p, run, res, floor))

@@ -97,6 +97,8 @@ def test_ray_builds_the_rows_one_process_builds_full_and_incremental(tmp_path, c
         local = B.build(cfg(h.data, "local", incremental=True), now_ns=h.clock)
         remote = B.build(cfg(on_ray, "ray", incremental=True), now_ns=h.clock)
         assert remote.workers and not local.workers  # the buckets ran in Ray's worker processes
+        # each worker's tasks counted in CPU-seconds, for the benchmark's contention-robust Amdahl figure
+        assert set(remote.worker_cpu) == set(remote.workers) and all(c > 0 for c in remote.worker_cpu.values())
         assert lines(local, h.data) == lines(remote, on_ray)
         same(h.data, on_ray)
         h.clock += int(SETTLE) * S

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterator
 
 import fsspec
@@ -86,6 +86,9 @@ class Summary:
     python_reader: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     #: Ray worker process -> its peak RSS in bytes (engine ray)
     workers: dict[str, int] = field(default_factory=dict)
+    #: Ray worker process -> CPU-seconds of the tasks it ran (engine ray); the driver's own CPU-seconds
+    worker_cpu: dict[str, float] = field(default_factory=dict)
+    driver_cpu: float = 0.0
     #: seconds of the build's phases (split, buckets, advantages, partitions), and of every bucket's own work summed
     phases: dict[str, float] = field(default_factory=dict)
     bucket_seconds: float = 0.0
@@ -153,10 +156,13 @@ class Summary:
                        + ")")
         if self.phases:  # what one more worker can shorten (buckets) and what it cannot (the rest)
             out.append("time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
-                       + f" (the buckets' own work: {self.bucket_seconds:.1f} s)")
+                       + f" (the buckets' own work: {self.bucket_seconds:.1f} s; the driver's CPU: "
+                       f"{self.driver_cpu:.1f} s)")
         if self.workers:
             out.append(f"ray: {self.buckets} bucket(s) on {len(self.workers)} worker process(es), peak RSS "
-                       + ", ".join(f"{v / 2**20:.0f} MiB" for _, v in sorted(self.workers.items())))
+                       + ", ".join(f"{v / 2**20:.0f} MiB" for _, v in sorted(self.workers.items()))
+                       + "; tasks' CPU " + ", ".join(f"{self.worker_cpu.get(k, 0.0):.1f} s"
+                                                     for k in sorted(self.workers)))
         for flag, n in sorted(self.flagged.items()):
             out.append(f"rows flagged {flag}: {n}")
         for conv, n in sorted(self.content_missing.items()):
@@ -467,25 +473,6 @@ def _hash(text: str, n: int = 32) -> str:
 
 
 @dataclass
-class _Ctx:
-    cfg: TransformConfig
-    now_ns: int
-    since: dt.date | None
-    until: dt.date | None
-    feedback: pl.DataFrame
-    logs: pl.DataFrame
-    functions: list[tuple[str, object]]
-    include: re.Pattern | None
-    exclude: re.Pattern | None
-    summary: Summary
-    counts: C.Counts
-    tool_error: re.Pattern | None = None
-    dates: set[str] | None = None  # an incremental build's dates; None: every date in the window
-    seen: incremental.Seen | None = None  # what an incremental build learns of each date, for the next
-    log_dates: dict[str, set[str]] = field(default_factory=dict)  # trace -> dates of its log events
-
-
-@dataclass
 class _Shared:
     """What every bucket reads besides its own spans (sent once to each Ray worker)."""
 
@@ -495,9 +482,27 @@ class _Shared:
     until: dt.date | None
     feedback: pl.DataFrame
     logs: pl.DataFrame
-    dates: set[str] | None
+    dates: set[str] | None  # an incremental build's dates; None: every date in the window
     incremental: bool
-    log_dates: dict[str, set[str]] = field(default_factory=dict)
+    log_dates: dict[str, set[str]] = field(default_factory=dict)  # trace -> dates of its log events
+
+
+@dataclass(kw_only=True)
+class _Ctx(_Shared):
+    """One bucket's view: what every bucket shares (with its own log events), and
+    what it counts and learns as it goes."""
+
+    functions: list[tuple[str, object]] = field(default_factory=list)
+    include: re.Pattern | None = None
+    exclude: re.Pattern | None = None
+    summary: Summary = field(default_factory=Summary)
+    counts: C.Counts = field(default_factory=C.Counts)
+    tool_error: re.Pattern | None = None
+    seen: incremental.Seen | None = None  # what an incremental build learns of each date, for the next
+
+    @classmethod
+    def of(cls, shared: _Shared, **mine) -> "_Ctx":
+        return cls(**{**{f.name: getattr(shared, f.name) for f in fields(_Shared)}, **mine})
 
 
 @dataclass
@@ -525,7 +530,6 @@ class _Done:
     summary: Summary
     counts: C.Counts
     seen: incremental.Seen | None
-    worker: tuple[str, int] | None = None  # (process, peak RSS) when built away from the driver
 
 
 @dataclass
@@ -628,11 +632,11 @@ def run_bucket(job: _Job, shared: _Shared) -> _Done:
     log_dates = {}
     if shared.incremental and logs.height:
         log_dates = {t: set(ds) for t, ds in logs.group_by("trace_id").agg(pl.col("_pdate").unique()).iter_rows()}
-    ctx = _Ctx(cfg, shared.now_ns, shared.since, shared.until, shared.feedback, logs, functions,
-               re.compile(cfg.agents_include) if cfg.agents_include else None,
-               re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary, C.Counts(),
-               re.compile(cfg.credit.tool_error_pattern), shared.dates,
-               incremental.Seen() if shared.incremental else None, log_dates)
+    ctx = _Ctx.of(shared, logs=logs, log_dates=log_dates, functions=functions,
+                  include=re.compile(cfg.agents_include) if cfg.agents_include else None,
+                  exclude=re.compile(cfg.agents_exclude) if cfg.agents_exclude else None, summary=summary,
+                  tool_error=re.compile(cfg.credit.tool_error_pattern),
+                  seen=incremental.Seen() if shared.incremental else None)
     rows, tokens = process(_spans(job, cfg, summary), ctx)  # `process` holds the only reference: it frees them early
     by_day: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
@@ -964,9 +968,9 @@ _LATE = ("prompt_token_ids", "completion_token_ids", "advantage")
 def _table(rows: list[dict], tokens: pl.DataFrame) -> pl.DataFrame:
     """Rows in output order, token ids joined from Arrow; `advantage` comes last."""
     rows = sorted(attribution.attribute(rows), key=lambda r: r["_order"])  # the prompt the model saw
-    fields = [f for f in _ROW_SCHEMA if f.name not in _LATE]
+    wanted = [f for f in _ROW_SCHEMA if f.name not in _LATE]
     arrays = {}
-    for f in fields:
+    for f in wanted:
         col = [r[f.name] for r in rows]
         if f.name in ("start_time", "end_time"):
             arrays[f.name] = pa.array(col, pa.int64()).cast(f.type)
@@ -986,7 +990,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         distributed.check(cfg.build)
     except distributed.EngineError as e:
         raise BuildError(str(e)) from None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     summary = Summary()
     now_ns = now_ns if now_ns is not None else time.time_ns()
     since, until = _day(cfg.since, "--since"), _day(cfg.until, "--until")
@@ -1084,8 +1088,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         done = _engine_run(engine, run_bucket, jobs, cfg, shared, lambda: bar.update(1))
         clock = _phase(summary, "buckets", clock)
         bar.close()
-        ctx = _Ctx(cfg, now_ns, since, until, shared.feedback, pl.DataFrame(), [], None, None, summary, C.Counts(),
-                   seen=incremental.Seen() if plan is not None else None)
+        ctx = _Ctx.of(shared, summary=summary, seen=incremental.Seen() if plan is not None else None)
         held: dict[str, list[tuple[int, str]]] = defaultdict(list)  # per date: (frame, its rows' spill file)
         slim = []
         for d in done:  # in bucket order: the same summary, examples and state as one process building them all
@@ -1096,9 +1099,6 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             for part, day, path in d.frames:
                 held[day].append((part, path))
             slim += [d.slim] if d.slim else []
-            if d.worker:
-                summary.workers.setdefault(d.worker[0], d.worker[1])
-                summary.workers[d.worker[0]] = max(summary.workers[d.worker[0]], d.worker[1])
         kept: dict[int, tuple[str, str]] = {}  # the partitions an incremental build keeps join the pool
         for i, day in enumerate(sorted(set(inputs.partitions) - dates) if dates is not None else ()):
             part = _part(buckets + i, 0)
@@ -1139,6 +1139,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                 pool.rewrite(fs, out_root, day, new)
                 summary.repooled.append(day)
         _phase(summary, "partitions", clock)
+        for who, (cpu, rss) in sorted(engine.usage.items()):  # the split, the buckets and the partitions' tasks
+            summary.workers[who], summary.worker_cpu[who] = int(rss), cpu
     finally:
         engine.__exit__(None, None, None)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -1152,6 +1154,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     summary.by_instrumentation = ctx.counts.by_scope
     summary.bad_rewards = ctx.counts.bad_rewards
     summary.seconds = time.perf_counter() - t0
+    summary.driver_cpu = time.process_time() - c0
     for what in summary.unreadable:
         log.warning("unreadable span data, skipped: %s", what)
     return summary

@@ -25,6 +25,7 @@ import os
 import resource
 import socket
 import sys
+import time
 from typing import Callable, TypeVar
 
 from nightshift.schemas.layout import LayoutError
@@ -53,6 +54,9 @@ class Engine:
         self.settings = settings
         self.remote = settings.engine == "ray"
         self.cpus = 1  # how many jobs run at once
+        #: Ray worker process -> [CPU-seconds of its tasks, its peak RSS in bytes]: what each worker did,
+        #: in CPU-seconds, which other processes on a shared machine do not inflate as they do wall time
+        self.usage: dict[str, list[float]] = {}
         self._started = False
 
     def __enter__(self) -> "Engine":
@@ -77,7 +81,7 @@ class Engine:
                 out.append(work(job, shared))
                 tick()
             return out
-        return _on_ray(work, jobs, shared, tick)
+        return _on_ray(work, jobs, shared, tick, self.usage)
 
 
 def _reachable(address: str) -> str:
@@ -135,15 +139,15 @@ def _init(settings) -> bool:
 
 
 def _remote(work, job, shared):
-    """A job in a Ray worker, with the worker's peak memory for the summary."""
+    """A job in a Ray worker, with the worker, the task's CPU-seconds (its threads
+    too) and the worker's peak memory, for the summary."""
+    c0 = time.process_time()
     done = work(job, shared)
-    if hasattr(done, "worker"):
-        done.worker = (f"{socket.gethostname()}:{os.getpid()}",
-                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return done
+    return done, f"{socket.gethostname()}:{os.getpid()}", time.process_time() - c0, \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _on_ray(work, jobs, shared, tick):
+def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]]):
     import ray
 
     task = ray.remote(num_cpus=1, max_retries=RETRIES)(_remote)
@@ -154,7 +158,10 @@ def _on_ray(work, jobs, shared, tick):
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         try:
-            out[refs[ready[0]]] = ray.get(ready[0])
+            out[refs[ready[0]]], who, cpu, rss = ray.get(ready[0])
+            mine = usage.setdefault(who, [0.0, 0])
+            mine[0] += cpu
+            mine[1] = max(mine[1], rss)
         except ray.exceptions.RayTaskError as e:  # the job's own error, as the local engine raises it
             if isinstance(e.cause, LayoutError):  # a file it cannot read: its one sentence, not the worker's traceback
                 raise e.cause from None
