@@ -57,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples" / "agent_world"))
 sys.path.insert(0, str(HERE))
 
+import apo_arms  # noqa: E402
 import evaluate  # noqa: E402
 import harness  # noqa: E402
 import loop  # noqa: E402
@@ -106,7 +107,9 @@ def nightly(cfg: Path, logs: Path) -> dict:
             # the default gate's own verdict (its offline checks), and the world checker's (gate.command)
             "offline": ("PASSED" if gate and all(decisive) else "BLOCKED") if trained else None,
             "checker": ("PASSED" if command.get("passed") else "BLOCKED") if command else None,
-            "checker_result": command.get("result")}
+            "checker_result": command.get("result"),
+            # prompt optimization (apo arms): the candidates started, and the watch's word on prompt canaries
+            "prompts": state.get("prompts") or [], "prompt_watch": state.get("prompt_watch") or []}
 
 
 def parse_args() -> argparse.Namespace:
@@ -122,12 +125,26 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--canary", type=float, default=0.0, metavar="SHARE",
                     help="publish each candidate as a canary to this share of conversations through nightshift route "
                          "(0: a publish moves all traffic)")
+    ap.add_argument("--prompt-share", type=float, default=0.5, metavar="SHARE",
+                    help="apo arms: the share of the agent's conversations a prompt candidate gets on the route")
+    ap.add_argument("--policy", default="", metavar="DIR",
+                    help="serve this model folder instead of the built policy (the tests' cached one)")
+    ap.add_argument("--apo-base-url", default="", metavar="URL",
+                    help="apo arms: a real proposer (OpenAI-compatible) instead of the stand-in; the placebo stays")
+    ap.add_argument("--apo-model", default="", help="the proposer's model name, with --apo-base-url")
+    ap.add_argument("--apo-key-env", default="", metavar="VARIABLE",
+                    help="the environment variable holding the proposer's key, with --apo-base-url")
     ap.add_argument("--drift", default="0.5,0.5", metavar="A,B",
                     help="share of colour questions in night 1's logs (A) and in later nights' traffic and scoring (B)")
     args = ap.parse_args()
     args.drift = tuple(float(x) for x in args.drift.split(","))
     if len(args.drift) != 2 or not all(0 <= x <= 1 for x in args.drift) or not 0 <= args.canary < 1:
         ap.error("--drift takes two shares in [0, 1], --canary a share in [0, 1)")
+    if not 0 < args.prompt_share < 1:
+        ap.error("--prompt-share takes a share in (0, 1)")
+    unknown = [a for a in args.algorithms.split(",") if a not in SETTINGS and not apo_arms.is_apo(a)]
+    if unknown:
+        ap.error(f"--algorithms: {', '.join(unknown)} unknown; known: {', '.join([*SETTINGS, *apo_arms.ARMS])}")
     return args
 
 
@@ -151,6 +168,9 @@ class World:
     engine: object
     started: float  # time.time() when the server started: the run's seconds count from here
     route: loop.Service | None = None  # with --canary: the agents reach the server through it
+    policy: str = ""  # which behaviour policy: its kind and spec key
+    routes: dict[str, loop.Service] = field(default_factory=dict)  # apo lineage -> its own route
+    proposers: dict[str, object] = field(default_factory=dict)  # apo arm -> its proposer (a stand-in server)
 
 
 @dataclass
@@ -162,6 +182,8 @@ class Nights:
     behaviour_scores: dict[int, list[evaluate.Score]] = field(default_factory=dict)  # night -> per seed, per episode
     success: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (alg, night) -> per seed
     serving_score: dict[tuple[str, int], evaluate.Score] = field(default_factory=dict)  # (alg, seed) -> what serves now
+    prompt: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (apo arm, night) -> serving prompt per seed
+    prompt_lines: list[str] = field(default_factory=list)  # apo arms: what nightly proposed and the watch decided
     decisions: list[dict] = field(default_factory=list)
     root: Path = Path(".")  # the work folder: each lineage's data, checkpoints and report
     watch: list[dict] = field(default_factory=list)  # every decision the watch took, with the gate's on that version
@@ -171,9 +193,20 @@ def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int
     from nightshift.serve.engine import Engine
 
     cache = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
-    spec = policy.PolicySpec()
-    log("behaviour policy (cached after the first build)")
-    model = policy.build(cache / f"policy-{spec.key()}", spec, progress=False)
+    if args.policy:
+        model, which = Path(args.policy).resolve(), f"the folder {args.policy} (--policy)"
+    elif any(apo_arms.is_apo(a) for a in algorithms):
+        # APO needs a policy that reads its system prompt: every arm of this run serves it, so
+        # sft here is the weights-only arm that apo+sft is compared with
+        ispec = policy.InstructSpec()
+        log("prompt-sensitive behaviour policy (policy.InstructSpec's defaults; cached after the first build)")
+        model = policy.build_instructed(cache / f"instructed-{ispec.key()}", ispec, progress=False)
+        which = f"instructed {ispec.key()} (policy.InstructSpec defaults)"
+    else:
+        spec = policy.PolicySpec()
+        log("behaviour policy (cached after the first build)")
+        model = policy.build(cache / f"policy-{spec.key()}", spec, progress=False)
+        which = f"behaviour {spec.key()} (policy.PolicySpec defaults)"
     python = loop.agent_python(cache / "agent-venv")
     root = Path(args.keep or tempfile.mkdtemp(prefix="nightshift-bench-learning-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -182,7 +215,14 @@ def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int
     started = time.time()
     server = loop.start_server(model, "world-policy", logs, max_loras=4 * len(algorithms) * len(seeds) + 4)
     route = loop.start_route(server, logs, root / "routes.json") if args.canary else None
-    return World(model, python, root, logs, server, Engine(str(model), "world-policy"), started, route)
+    w = World(model, python, root, logs, server, Engine(str(model), "world-policy"), started, route, which)
+    for alg in {a for a in algorithms if apo_arms.is_apo(a)}:
+        if alg == "apo-placebo":
+            w.proposers[alg] = apo_arms.PlaceboProposer().__enter__()
+        elif not args.apo_base_url:
+            w.proposers[alg] = w.proposers.get("standin") or apo_arms.Standin().__enter__()
+            w.proposers["standin"] = w.proposers[alg]
+    return w
 
 
 def first_night_logs(w: World, args: argparse.Namespace) -> tuple[Path, float]:
@@ -260,6 +300,67 @@ def lineage_night(w: World, args: argparse.Namespace, n: Nights, first: Path, ni
     n.success.setdefault((alg + " (candidates)", night), []).append(rate)
 
 
+def apo_night(w: World, args: argparse.Namespace, n: Nights, first: Path, night: int, alg: str, s: int) -> None:
+    """One night of an apo lineage: its agent's logs through the lineage's own route
+    (from night 2 on: a prompt canary rewrites its share of the conversations), the
+    nightly job (the watch judges the canary; the prompt stage proposes the next;
+    apo+sft also trains), then what serves (adapter and prompt) and tonight's prompt
+    candidate scored on the same fresh episodes as the behaviour policy."""
+    name = apo_arms.lineage(alg, s)
+    data = w.root / name
+    if name not in w.routes:
+        w.routes[name] = loop.start_route(w.server, w.logs, data / "routes.json")
+    route = w.routes[name]
+    if night == 1:
+        for part in ("spans", "logs", "feedback"):
+            if (first / part).exists():
+                shutil.copytree(first / part, data / part)
+    else:
+        collector = loop.start_collector(data, w.logs)
+        try:
+            res = loop.run_agent(w.python, collector, route, name if _serving_path(data) else "world-policy",
+                                 args.episodes, seed=100 * night + s, logs=w.logs, colour_share=mix(args, night))
+            loop.post_feedback(collector, res)
+        finally:
+            collector.stop()
+    proposer = w.proposers.get(alg)
+    apo = ({"base_url": proposer.url, "model": "standin"} if proposer else
+           {"base_url": args.apo_base_url, "model": args.apo_model, "api_key_env": args.apo_key_env})
+    kind = apo_arms.ARMS[alg]
+    cfg = loop.nightly_config(data / "nightly.yaml", data, w.model, data / "checkpoints", w.server, name=name,
+                              nightly={"train_window_days": 3650, "experiments": kind,
+                                       "canary": {"route_url": route.url}, "prompts": {"share": args.prompt_share}},
+                              seed=s, checker_episodes=args.check_episodes if kind == "both" else 0,
+                              apo={**apo, "candidates": 1, "timeout": 120.0, "retries": 1},
+                              **{**SETTINGS["sft"], "algorithm": "sft"})
+    log(f"night {night}: {name}: nightshift nightly (experiments: {kind})")
+    d = nightly(cfg, w.logs)
+    ps = apo_arms.prompt_state(data / "prompt-candidates", d["prompts"])
+    said = [*d["prompt_watch"], *d["prompts"], *([f"weights: {d['outcome'] or 'published ' + str(d['version'])}"]
+                                                 if kind == "both" else [])]
+    for line in said:
+        log(f"  {line}")
+    n.prompt_lines += [f"night {night} {name}: {line}" for line in said]
+    n.watch += _watch_decisions(data, name, night, n.decisions, n.watch)
+    adapter = _serving_path(data)
+    seed, share = 1000 * night + s, mix(args, night + 1)
+    if adapter is None and ps.serving_system is None:
+        now = n.behaviour_scores[night][s]  # the behaviour policy under the agent's own prompt: already scored
+    else:
+        now = evaluate.score(str(w.model), adapter, args.eval_episodes, seed=seed, engine=w.engine, colour_share=share,
+                             system=ps.serving_system)
+    rate = float("nan")
+    if ps.candidate_system is not None:
+        rate = evaluate.score(str(w.model), adapter, args.eval_episodes, seed=seed, engine=w.engine, colour_share=share,
+                              system=ps.candidate_system).rate
+    log(f"  serving prompt {ps.serving}{' + adapter' if adapter else ''}: {100 * now.rate:.1f} %"
+        + (f"; candidate {ps.candidate}: {100 * rate:.1f} %" if ps.candidate else "") + f"; {ps.trial}")
+    n.serving_score[(alg, s)] = now
+    n.success.setdefault((alg, night), []).append(now.rate)
+    n.success.setdefault((alg + " (candidates)", night), []).append(rate)
+    n.prompt.setdefault((alg, night), []).append(ps.serving + ("+adapter" if adapter else ""))
+
+
 def _clearly(candidate: evaluate.Score, before: evaluate.Score) -> str:
     """`better`, `worse` or `within noise`: whether the scoring episodes themselves
     (paired: same tasks, same sampling seeds) tell the two apart, by a two-sided
@@ -317,7 +418,7 @@ def run_nights(w: World, args: argparse.Namespace, algorithms: list[str], seeds:
     for night in range(1, args.nights + 1):
         for alg in algorithms:
             for s in seeds:
-                lineage_night(w, args, n, first, night, alg, s)
+                (apo_night if apo_arms.is_apo(alg) else lineage_night)(w, args, n, first, night, alg, s)
     return n
 
 
@@ -331,17 +432,55 @@ def main() -> int:
     try:
         n = run_nights(w, args, algorithms, seeds)
     finally:
-        if w.route:
-            w.route.stop()
+        for r in [w.route, *w.routes.values()]:
+            if r:
+                r.stop()
+        for p in {id(p): p for p in w.proposers.values()}.values():
+            p.__exit__(None, None, None)
         w.server.stop()
-    print("\n".join(report(head, args, algorithms, seeds, n, time.time() - w.started)), flush=True)
+    print("\n".join(report(head, args, algorithms, seeds, n, time.time() - w.started, w.policy)), flush=True)
     if args.keep:
         print("reports (with the plot of reward by version): "
-              + ", ".join(str(w.root / f"{a}-s{s}" / "checkpoints" / "reports" / "latest.png")
+              + ", ".join(str(w.root / apo_arms.lineage(a, s) / "checkpoints" / "reports" / "latest.png")
                           for a in algorithms for s in seeds), flush=True)
     if not args.keep:
         shutil.rmtree(w.root, ignore_errors=True)
     return 0
+
+
+def apo_targets(args: argparse.Namespace, algorithms: list[str], n: Nights) -> list[str]:
+    """Issue 27's targets for the apo arms: APO alone >= +15 points over the base prompt
+    within 3 nights outside the seed spread (the placebo's gain beside it, so a lift
+    a longer prompt also gives is seen as one), and apo+sft above either alone."""
+    nights = range(1, min(args.nights, 3) + 1)
+    out = []
+
+    def gain(alg: str, k: int) -> tuple[float, float]:
+        (m, sd), (bm, bsd) = mean_sd(n.success[(alg, k)]), mean_sd(n.behaviour[k])
+        return 100 * (m - bm), 100 * max(sd, bsd)
+
+    for alg in [a for a in ("apo", "apo-placebo") if a in algorithms]:
+        best = max(nights, key=lambda k: gain(alg, k)[0])
+        g, spread = gain(alg, best)
+        met = g >= 15 and g > spread
+        out.append(f"  {alg}: best gain over the base prompt within {len(nights)} night(s): {g:+.1f} points (night "
+                   f"{best}, seed spread {spread:.1f}); >= +15 outside the spread: {verdict(met)}")
+    if "apo" in algorithms and "apo-placebo" in algorithms:
+        k = max(nights)
+        (am, asd), (pm, psd) = mean_sd(n.success[("apo", k)]), mean_sd(n.success[("apo-placebo", k)])
+        out.append(f"  apo above its placebo outside the seed spread (night {k}): {100 * am:.1f} vs {100 * pm:.1f}: "
+                   f"{verdict(am - pm > max(asd, psd))}")
+    if "apo+sft" in algorithms:
+        k = args.nights
+        bm, bsd = mean_sd(n.success[("apo+sft", k)])
+        for other in ("apo", "sft"):
+            if other not in algorithms:
+                out.append(f"  apo+sft beats {other} alone: not measured ({other} not in --algorithms)")
+                continue
+            om, osd = mean_sd(n.success[(other, k)])
+            out.append(f"  apo+sft beats {other} alone outside the seed spread (night {k}): {100 * bm:.1f} vs "
+                       f"{100 * om:.1f}: {verdict(bm - om > max(bsd, osd))}")
+    return out
 
 
 def _versions(data: Path) -> list[str]:
@@ -364,10 +503,10 @@ def _serving_path(data: Path) -> str | None:
 
 
 def report(head: list[str], args: argparse.Namespace, algorithms: list[str], seeds: list[int], n: Nights,
-           seconds: float) -> list[str]:
+           seconds: float, policy_used: str = "") -> list[str]:
     nights = range(1, args.nights + 1)
     behaviour, success, decisions = n.behaviour, n.success, n.decisions
-    out = [*head, f"time: {seconds:.0f} s"]
+    out = [*head, f"time: {seconds:.0f} s", f"policy: {policy_used}"]
     out.append(f"logged: {args.episodes} episodes per lineage per night (night 1 shared: behaviour policy, "
                f"{100 * n.logged:.1f} % success while logging); scored on {args.eval_episodes} fresh episodes, "
                f"temperature 1, {len(seeds)} seeds")
@@ -382,6 +521,8 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
     for alg in algorithms:
         rows.append((alg + " (serving)", *(fmt(success[(alg, k)]) for k in nights)))
         rows.append((alg + " (candidate)", *(fmt(success[(alg + " (candidates)", k)]) for k in nights)))
+        if apo_arms.is_apo(alg):  # which prompt serves, per seed ("base": the agent's own; +adapter: apo+sft's)
+            rows.append((alg + " (serving prompt)", *(",".join(n.prompt[(alg, k)]) for k in nights)))
     out.extend(harness.table(rows, header=("", *(f"night {k}" for k in nights))))
     base_m, base_sd = mean_sd(behaviour[1])
     out.append("gate decisions (better/worse: the candidate's success against what served before it, same episodes; "
@@ -429,14 +570,18 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
                    f"{band} -> {e['action'] or '-'} (offline gate had {e['offline']})")
     if not n.watch:
         out.append("  no decision: too few rated trajectories, or nothing to compare yet")
+    if n.prompt_lines:
+        out.append("prompt optimization (apo arms): the prompt watch's decisions and what each night proposed")
+        out += ["  " + x for x in n.prompt_lines]
     out.append("reward by version (nightshift versions), per lineage")
     for alg in algorithms:
         for s in seeds:
-            out += [f"  {alg}-s{s}:"] + ["    " + x for x in _versions(n.root / f"{alg}-s{s}")]
+            if not apo_arms.is_apo(alg):
+                out += [f"  {alg}-s{s}:"] + ["    " + x for x in _versions(n.root / f"{alg}-s{s}")]
     conf = confs["offline"]
     out.append("targets:")
     spread = max(base_sd, 0.0)
-    for alg in algorithms:
+    for alg in [a for a in algorithms if not apo_arms.is_apo(a)]:
         m1, _ = mean_sd(success[(alg, 1)])
         gain = 100 * (m1 - base_m)
         drops = [mean_sd(success[(alg, k)])[0] - mean_sd(success[(alg, k - 1)])[0] for k in nights if k > 1]
@@ -448,6 +593,7 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
         (pm, psd), (sm, ssd) = mean_sd(success[("pg", last)]), mean_sd(success[("sft", last)])
         beyond = pm - sm > max(psd, ssd)
         out.append(f"  pg >= sft outside the seed spread (night {last}): {100 * pm:.1f} vs {100 * sm:.1f}: {verdict(beyond)}")
+    out += apo_targets(args, algorithms, n)
     out.append(f"  passed-and-worse = 0, the default gate's offline checks: {verdict(conf[('PASSED', 'worse')] == 0)}")
     caught = [e for e in n.watch if e["action"] in ("rolled back", "canary stopped") and e["offline"] == "PASSED"]
     out.append(f"  production rolled back (or stopped) a version the offline gate passed: {len(caught)} "

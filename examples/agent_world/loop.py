@@ -150,13 +150,15 @@ def success(results: list[dict]) -> float:
 
 
 def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, server: Service, name: str = "agent",
-                   nightly: dict | None = None, checker_episodes: int = 0, **train) -> Path:
+                   nightly: dict | None = None, checker_episodes: int = 0, apo: dict | None = None,
+                   **train) -> Path:
     """One settings file for build -> train -> gate -> publish on this world. The
     algorithm defaults to sft (rejection sampling), which benchmarks/learning.py
     found the strongest here; any other is one setting away. `checker_episodes`
     > 0 makes the world's own checker (gate_check.py: fresh tasks against the
     candidate as the server serves it) the gate's `command`, as a team would
-    wire its own evaluation."""
+    wire its own evaluation. `apo`: the `apo:` section (the proposer, for agents on
+    prompt optimization: nightly.experiments prompts or both)."""
     import world
 
     tools = path.parent / "agent-tools.json"  # what the agent offers: its spans do not record it
@@ -174,6 +176,8 @@ def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, serv
                     # by chance, against a 5-point margin)
                     "gate": {"samples": 96, "ranking_confidence": 0.8}, **(nightly or {})},
     }
+    if apo:
+        cfg["apo"] = {"data": str(data), **apo}
     if checker_episodes > 0:
         cfg["nightly"].setdefault("gate", {})["command"] = " ".join(shlex.quote(a) for a in (
             sys.executable, str(HERE / "gate_check.py"), "--server", server.url, "--serving", name,
