@@ -36,6 +36,9 @@ def attribute(rows: list[dict]) -> list[dict]:
     """Each row with `prompt_seen` set (None unless its answer was marked), the mark
     taken off its model names and its `policy_version` read again from them."""
     for r in rows:
+        if not any(n and "+p:" in n for n in (r.get("response_model"), r.get("model"), r.get("request_model"))):
+            r["prompt_seen"] = None  # unmarked, as nearly every row is: nothing to take off
+            continue
         resp, seen = unmark(r.get("response_model"))
         model, seen_m = unmark(r.get("model"))
         req, _ = unmark(r.get("request_model"))

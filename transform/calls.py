@@ -639,25 +639,33 @@ def rebuild_history(steps: list[dict]) -> None:
     outputs: dict[str, dict] = {}
     for s in steps:
         msgs = s["input_messages"]
-        issued = {c["id"] for m in msgs for c in (m.get("tool_calls") or []) if c.get("id")}
-        fixed: list[dict] = []
-        inserted = False
-        for m in msgs:
-            tcid = m.get("tool_call_id")
-            if m.get("role") == "tool" and tcid and tcid not in issued and tcid in outputs:
-                turn = outputs[tcid]
-                fixed.append(turn)
-                issued |= {c["id"] for c in turn["tool_calls"] if c.get("id")}
-                inserted = True
-            fixed.append(m)
-        if inserted:
-            s["input_messages"] = fixed
-            s["flags"].append("history_rebuilt")
+        # most histories answer no tool call this trajectory's outputs issued: nothing to put back, and the
+        # set of ids issued (every message of every step's history) is not worth building
+        if outputs and any(m.get("tool_call_id") in outputs for m in msgs if m.get("role") == "tool"):
+            _put_back(s, msgs, outputs)
         out = s["output_message"]
         if out:
             for c in out.get("tool_calls") or []:
                 if c.get("id"):
                     outputs[c["id"]] = out
+
+
+def _put_back(s: dict, msgs: list[dict], outputs: dict[str, dict]) -> None:
+    """One call's history with the tool-call turns it lacks put back."""
+    issued = {c["id"] for m in msgs for c in (m.get("tool_calls") or []) if c.get("id")}
+    fixed: list[dict] = []
+    inserted = False
+    for m in msgs:
+        tcid = m.get("tool_call_id")
+        if m.get("role") == "tool" and tcid and tcid not in issued and tcid in outputs:
+            turn = outputs[tcid]
+            fixed.append(turn)
+            issued |= {c["id"] for c in turn["tool_calls"] if c.get("id")}
+            inserted = True
+        fixed.append(m)
+    if inserted:
+        s["input_messages"] = fixed
+        s["flags"].append("history_rebuilt")
 
 
 def rebuild_deltas(records: list[dict], conversation: list[str | None]) -> None:

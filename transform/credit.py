@@ -61,6 +61,8 @@ def assign(num_steps: int, outcome: float | None, outcome_source: str | None,
 def tool_errors(steps: list[dict], pattern: "re.Pattern[str]") -> list[bool]:
     """For each call, whether one of its tool calls came back as an error: the
     tool message answering it (by `tool_call_id`, in a later call's input) says so."""
+    if not any((s.get("output_message") or {}).get("tool_calls") for s in steps):
+        return [False] * len(steps)  # no call asked for a tool: none can have errored (most trajectories)
     results: dict[str, str] = {}
     for s in steps:
         for m in s.get("input_messages") or []:
