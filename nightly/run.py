@@ -54,9 +54,12 @@ FAULT_ENV = "NIGHTSHIFT_FAULT_KILL_AFTER"  # fault injection for tests and drill
 
 @dataclass
 class NightlyConfig(PublishSettings):
-    """YAML section `nightly:`: the publishing settings (`PublishSettings`: `vllm_url`,
-    `name`, `stable_name`, `adapter_root`, `keep`, `mode`, ...; the base model for
-    `mode: full` is `train.base_model`), and the job's own."""
+    """The job's settings: its own from YAML section `nightly:`, and the publishing
+    settings (`PublishSettings`: `vllm_url`, `name`, `stable_name`, `adapter_root`,
+    `keep`, `mode`, ...; the base model for `mode: full` is `train.base_model`)
+    from their own section `publish:`, which publish, rollback and watch read too
+    (loaded with `publish.MOVED`: given under `nightly:`, their old place, they
+    still work, with a note)."""
 
     init_from_published: bool = setting(True, help="continue training the serving adapter rather than start from "
                                                    "the base")

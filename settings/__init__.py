@@ -329,6 +329,10 @@ def _moved(section: str, own: dict, other: dict, moved: Moved, label: Callable[[
     `source`: the file, when they come from one."""
     said = f"{source}: " if source else ""
     is_new = section == moved.new
+    for key in other if not is_new else ():  # read for its moved keys only: anything else there is a typo
+        if key not in moved.keys:
+            hint = _suggest(str(key), moved.keys) or f" (known in {moved.new}: {', '.join(sorted(moved.keys))})"
+            raise SettingsError(f"{said}{label(moved.new, str(key))}: unknown setting {str(key)!r}{hint}")
     new = own if is_new else {k: other[k] for k in moved.keys if k in other}
     old = {k: (other if is_new else own)[k] for k in moved.keys if k in (other if is_new else own)}
     out = {**({k: v for k, v in own.items() if k not in moved.keys} if not is_new else own), **new}

@@ -80,8 +80,10 @@ def test_both_places_given_and_different_is_one_sentence_naming_both(tmp_path):
         load(PublishSettings, "publish", None, {}, {"NIGHTSHIFT_NIGHTLY_KEEP": "0"}, moved=MOVED)
     # a typo in the new section is refused like any other
     conf.write_text("publish: {vllm_ur: 'http://a:8000'}\n")
-    with pytest.raises(SettingsError, match=r"unknown setting 'vllm_ur' \(did you mean 'vllm_url'\?\)"):
-        load(PublishSettings, "publish", str(conf), {}, {}, moved=MOVED)
+    for cls, section in ((PublishSettings, "publish"), (NightlyConfig, "nightly")):  # the job reads it too
+        with pytest.raises(SettingsError, match=r"publish\.vllm_ur.*unknown setting 'vllm_ur' \(did you mean "
+                                                r"'vllm_url'\?\)"):
+            load(cls, section, str(conf), {}, {}, moved=MOVED)
 
 
 def test_the_commands_say_the_deprecation_once_and_refuse_a_conflict_with_exit_2(tmp_path, monkeypatch):
