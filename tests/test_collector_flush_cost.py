@@ -107,3 +107,22 @@ def test_without_a_budget_the_window_alone_decides(tmp_path):
         flush_segment(_segment(tmp_path / "wal", i, req), store)
     again_oldest = flush_segment(_segment(tmp_path / "wal", 11, batches[0]), store)
     assert (again_oldest.spans, again_oldest.duplicates) == (0, 100)
+
+
+# --- what the flusher imports -----------------------------------------------------------
+
+
+def test_a_flusher_writing_a_local_folder_imports_no_fsspec(tmp_path):
+    """fsspec is 6 MiB of the flusher's RSS (asyncio, zstandard, every codec module)
+    for what os does on a local disk; an object store still goes through it."""
+    req, _ = make_request(3)
+    seg, resent = _segment(tmp_path / "wal", 1, req), _segment(tmp_path / "wal", 2, req)
+    code = (f"import sys\nfrom pathlib import Path\nfrom nightshift.collector.datasets import DatasetStore\n"
+            f"from nightshift.collector.flusher import flush_segment\n"
+            f"store = DatasetStore({str(tmp_path / 'data')!r})\n"
+            f"assert flush_segment(Path({str(seg)!r}), store).spans == 3\n"
+            f"assert flush_segment(Path({str(resent)!r}), DatasetStore({str(tmp_path / 'data')!r})).duplicates == 3\n"
+            f"print('fsspec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
