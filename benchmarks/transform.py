@@ -2,7 +2,7 @@
 """Transform benchmark for `nightshift build`.
 
     python benchmarks/transform.py [--spans 1000000] [--calls 5] [--prompt-chars 2000] [--mix]
-                                   [--data DIR] [--jobs N] [--peer agl [--peer-spans 16000]]
+                                   [--data DIR] [--jobs N] [--replicate N] [--peer agl [--peer-spans 16000]]
                                    [--engine ray [--workers 1,2] [--buckets N]]
 
 What it does, in one run:
@@ -17,6 +17,9 @@ What it does, in one run:
    with --mix, a third each of that, OpenInference and OpenTelemetry GenAI JSON
    attributes) and a reward span (agentlightning.reward.0.value). With --data DIR
    the dataset is kept there and reused by later runs with the same parameters.
+   Past --replicate spans (default 1M) the dataset is whole copies of a base set of
+   that size, each copy's trace ids changed in Arrow: 10M spans cost one 1M
+   generation and nine Parquet rewrites.
 2. Runs `python -m nightshift.cli build --data DIR --settle 0` as a subprocess
    (the page cache holds the files just written) and measures wall time, the
    child's CPU time (os.wait4), peak RSS of its process tree (psutil, every
@@ -27,7 +30,9 @@ What it does, in one run:
    ray`, --buckets buckets of traces) on a local cluster of each worker count, its
    wall time, the speed-up over one worker, what that projects for N workers
    (Amdahl's law fitted to the first and last counts: the driver's share stays),
-   and the peak RSS of the driver and of each worker.
+   and the peak RSS of the driver and of each worker; then the same in CPU-seconds
+   (each worker's tasks, the driver's serial share, the speed-up they give and its
+   projection), which a machine shared with other work does not distort.
 5. With `--peer agl`: Agent Lightning 0.3's `TracerTraceToTriplet` on the first
    --peer-spans spans' worth of the same trajectories, in its own virtualenv
    (benchmarks/peer_agl.py), and the ratio of the two.
