@@ -1,0 +1,67 @@
+"""benchmarks/transform.py's own parts: a replicated dataset (copies of a base set
+with new trace ids) is one of distinct traces, and the Ray figures in CPU-seconds
+are read back from the build's summary lines."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+_BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    # by path, under its own name: `transform` is also the repository's package
+    spec = importlib.util.spec_from_file_location("bench_transform", _BENCH / "transform.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_transform"] = mod
+    spec.loader.exec_module(mod)  # puts benchmarks/ on sys.path for its harness and synth_traces
+    mod.st.TOKEN_POOL_MIN = 1 << 14  # a smaller token pool: same code, faster to make
+    return mod
+
+
+def test_replicated_dataset_has_distinct_traces(bench, tmp_path):
+    """Three copies of a 2-date base: three times the rows, every trace id new, and
+    each copy's file holds the base file's spans, schema and metadata."""
+    st = bench.st
+    p = st.Params(spans=8 * 12, calls=5, prompt_chars=40, response_chars=20, prompt_tokens=4, prompt_step=2,
+                  response_tokens=2, attempts=2, days=2, seed=3)
+    full = bench.replicated(st.Params.from_json({**p.to_json(), "spans": 3 * p.total_spans + 5}), p.total_spans)
+    assert full.total_spans == 3 * p.total_spans  # whole copies: what the checks expect is what is on disk
+    st.write_dataset(p, str(tmp_path), chunk_spans=48, row_group_spans=16)
+    rows, _, files = bench.replicate_dataset(tmp_path, 3, 1, lambda *a: None)
+    base_files = [f for f in glob.glob(str(tmp_path / "spans" / "date=*" / "*.parquet")) if "-copy" not in f]
+    assert rows == 2 * p.total_spans and files == 2 * len(base_files)
+    df = pl.read_parquet(str(tmp_path / "spans" / "date=*" / "*.parquet"))
+    assert df.height == 3 * p.total_spans
+    assert df["trace_id"].n_unique() == 3 * p.trajectories
+    assert df.select(pl.struct("trace_id", "span_id").n_unique()).item() == df.height
+    src = base_files[0]
+    copy = src[:-len(".parquet")] + "-copy0002.parquet"
+    a, b = pq.read_table(src), pq.read_table(copy)
+    assert a.schema.equals(b.schema, check_metadata=True)
+    assert a.drop_columns(["trace_id"]).equals(b.drop_columns(["trace_id"]))
+    assert all(t.startswith("0002") for t in b.column("trace_id").to_pylist())
+
+
+def test_ray_cpu_seconds_read_from_the_summary(bench):
+    """The driver's whole process counts as serial: with 7 s of it, 16 s of tasks
+    split 8 + 8 give (7 + 16) / (7 + 8), not the 1.9x the build's own second gives."""
+    def run(ray_cpu: str, wait4: float):
+        r = bench.BuildRun([], stdout="time: split 1.0 s, buckets 9.0 s (the buckets' own work: 12.0 s; the driver's "
+                                      f"CPU: 1.0 s)\nray: 8 bucket(s) on 2 worker process(es), peak RSS 500 MiB, "
+                                      f"510 MiB; tasks' CPU {ray_cpu}")
+        r.cpu_user = wait4
+        return r
+
+    assert bench._ray_line(run("8.0 s, 8.0 s", 7.0).stdout) == ("500 MiB, 510 MiB", [8.0, 8.0])
+    lines = bench._cpu_lines([(1, run("16.0 s", 7.0)), (2, run("8.0 s, 8.0 s", 7.0))])
+    assert f"{23 / 15:.2f}x (target >= 1.7x one worker) [NOT met]" in lines[2]
+    assert f"{17 / 9:.2f}x without the driver's fixed start-up" in lines[2]
