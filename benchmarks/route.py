@@ -13,6 +13,13 @@ requests/s, the proxy's CPU-seconds and peak RSS, and what else used the CPU.
     python benchmarks/route.py                        # 200 streams, 20 chunks 25 ms apart, 3 rounds
     python benchmarks/route.py --streams 50 --rounds 1
     python benchmarks/route.py --prompt 0.5           # and a prompt route on the agents' system prompt (issue 27)
+    python benchmarks/route.py --baseline /tmp/wt-e0ac2ad   # and another checkout's proxy, in the same minutes
+
+With `--baseline DIR` a second proxy runs from another checkout of this repository
+(a worktree: `git worktree add /tmp/wt-e0ac2ad e0ac2ad`, imported as `nightshift`
+through PYTHONPATH) in front of the same stub, and each round is direct, this
+proxy, the baseline's: on a shared machine only figures taken in the same
+minutes compare. The baseline holds the model route only (no prompt route).
 
 With `--prompt SHARE` the proxy also holds a prompt route matching the requests'
 system prompt: every request's prompt is folded and hashed, and SHARE of the
@@ -120,9 +127,12 @@ class Client(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        if not self.ttfb and len(self.buf) > self.buf.find(b"\r\n\r\n") + 4 > 3:
+        end = self.buf.find(b"\r\n\r\n") + 4
+        if not self.ttfb and len(self.buf) > end > 3:
             self.ttfb = time.perf_counter() - self.t0
-        if self.buf.endswith(b"\r\n0\r\n\r\n"):
+        # chunked, or (a stream the proxy found complete before it answered, as a slow one does) a Content-Length
+        n = re.search(rb"(?i)\r\ncontent-length: *(\d+)", self.buf[:end]) if end > 3 else None
+        if self.buf.endswith(b"\r\n0\r\n\r\n") or (n and len(self.buf) >= end + int(n.group(1))):
             self.done.set_result((self.ttfb, time.perf_counter() - self.t0, bytes(self.buf)))
 
     def connection_lost(self, exc) -> None:
@@ -182,6 +192,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--pace", type=float, default=0.025, help="seconds between chunks (default 0.025)")
     ap.add_argument("--prompt", type=float, metavar="SHARE", help="also a prompt route on the system prompt, its "
                     "candidate on SHARE of the conversations (default: none)")
+    ap.add_argument("--baseline", metavar="DIR", help="also run another checkout's proxy (a worktree of an earlier "
+                    "commit), alternating with this one in every round")
     ap.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -228,21 +240,23 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"nothing listens on {port}")
 
 
-def start(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen, subprocess.Popen, int, int]:
-    """The stub, then `nightshift route` in front of it with a 50 % candidate route."""
-    up_port, proxy_port = free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, __file__, "--stub", str(up_port), "--chunks", str(args.chunks),
-                                 "--pace", str(args.pace)])
-    wait_port(up_port)
-    env = {**os.environ, "NIGHTSHIFT_ROUTE_STATE": f"{tmp}/routes.json"}
+def start_proxy(args: argparse.Namespace, tmp: Path, up_port: int, baseline: str = "") -> tuple[subprocess.Popen, int]:
+    """`nightshift route` in front of the stub with a 50 % candidate route (from the
+    checkout at `baseline`, when given, through PYTHONPATH)."""
+    proxy_port, name = free_port(), "baseline" if baseline else "proxy"
+    env = {**os.environ, "NIGHTSHIFT_ROUTE_STATE": f"{tmp}/{name}-routes.json"}
+    if baseline:
+        (tmp / "pp").mkdir()
+        (tmp / "pp" / "nightshift").symlink_to(Path(baseline).resolve())
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp / "pp"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proxy = subprocess.Popen([sys.executable, "-m", "nightshift.cli.route_cmd", "route", "--listen",
                               f"127.0.0.1:{proxy_port}", "--upstream", f"http://127.0.0.1:{up_port}"],
-                             env=env, stderr=open(f"{tmp}/proxy.log", "wb"))
+                             env=env, stderr=open(f"{tmp}/{name}.log", "wb"))
     wait_port(proxy_port)
     put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/agent", method="PUT", data=json.dumps(
         {"serving": "agent@v0001", "candidate": "agent@v0002", "share": 0.5}).encode())
     urllib.request.urlopen(put).read()
-    if args.prompt is not None:
+    if args.prompt is not None and not baseline:
         from nightshift.schemas.prompt_identity import system_id
 
         candidate = SYSTEM + "Check each tool result before you answer."
@@ -250,7 +264,19 @@ def start(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen, subpro
                                      method="PUT", data=json.dumps({"kind": "prompt", "candidate": system_id([candidate]),
                                                                     "system": candidate, "share": args.prompt}).encode())
         urllib.request.urlopen(put).read()
-    return upstream, proxy, up_port, proxy_port
+    return proxy, proxy_port
+
+
+def start(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen, list[tuple[subprocess.Popen, int]], int]:
+    """The stub, then the proxy (and the baseline's) in front of it."""
+    up_port = free_port()
+    upstream = subprocess.Popen([sys.executable, __file__, "--stub", str(up_port), "--chunks", str(args.chunks),
+                                 "--pace", str(args.pace)])
+    wait_port(up_port)
+    proxies = [start_proxy(args, tmp, up_port)]
+    if args.baseline:
+        proxies.append(start_proxy(args, tmp, up_port, args.baseline))
+    return upstream, proxies, up_port
 
 
 def stop(*procs: subprocess.Popen) -> None:
@@ -260,50 +286,65 @@ def stop(*procs: subprocess.Popen) -> None:
 
 
 @dataclass
+class Proxied:
+    """One proxy's rounds: [(ttfb, total, marked)] of each request, their seconds,
+    the proxy's CPU-seconds (its process only), peak RSS, and the CPU-seconds of
+    everything else on the machine while they ran."""
+
+    name: str
+    xs: list
+    secs: float = 0.0
+    cpu: float = 0.0
+    others: float = 0.0
+    rss_mib: float = float("nan")
+
+
+@dataclass
 class Measured:
-    """[(ttfb, total)] of each request and the seconds of each side's rounds, the
-    proxy's CPU-seconds and peak RSS, and the CPU-seconds of everything else."""
+    """The direct rounds, and each proxy's."""
 
     direct: list[tuple[float, float]]
-    proxied: list[tuple[float, float]]
     direct_s: float
-    proxied_s: float
-    proxy_cpu: float
-    others: float
-    proxy_rss_mib: float = float("nan")
+    proxies: list[Proxied]
 
 
-async def bench(args: argparse.Namespace, up_port: int, proxy_port: int, procs: list[psutil.Process]) -> Measured:
-    """Alternating rounds, direct then proxied."""
+async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs: list[psutil.Process]) -> Measured:
+    """Alternating rounds: direct, then each proxy in turn. procs: the stub, the
+    proxies, this process."""
     def phase(port: int, model: str, requests: int):
         return load(port, model, args.streams, requests, spread=args.chunks * args.pace)
 
     await phase(up_port, "agent@v0001", 1)  # warm-up: connections, caches
-    await phase(proxy_port, "agent", 1)
-    direct, proxied, secs, proxy_cpu, others = [], [], [0.0, 0.0], 0.0, 0.0
+    for port in ports:
+        await phase(port, "agent", 1)
+    direct, direct_s = [], 0.0
+    out = [Proxied("proxied" if i == 0 else "baseline", []) for i in range(len(ports))]
     for r in range(args.rounds):
         log(f"round {r + 1} of {args.rounds}", "route")
         xs, s = await phase(up_port, "agent@v0001", args.requests)
-        direct, secs[0] = direct + xs, secs[0] + s
-        c0, b0, all0 = cpu_s(procs[1]), busy_s(), cpu_s(*procs)
-        xs, s = await phase(proxy_port, "agent", args.requests)
-        proxied, secs[1] = proxied + xs, secs[1] + s
-        proxy_cpu += cpu_s(procs[1]) - c0
-        others += (busy_s() - b0) - (cpu_s(*procs) - all0)
-    return Measured(direct, proxied, secs[0], secs[1], proxy_cpu, max(0.0, others))
+        direct, direct_s = direct + xs, direct_s + s
+        for i, port in enumerate(ports):
+            p = out[i]
+            c0, b0, all0 = cpu_s(procs[1 + i]), busy_s(), cpu_s(*procs)
+            xs, s = await phase(port, "agent", args.requests)
+            p.xs, p.secs = p.xs + xs, p.secs + s
+            p.cpu += cpu_s(procs[1 + i]) - c0
+            p.others += max(0.0, (busy_s() - b0) - (cpu_s(*procs) - all0))
+    return Measured(direct, direct_s, out)
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> Measured:
     """Start the stub and the proxy, run the rounds, read the proxy's peak RSS while
     it still runs, stop both."""
-    upstream, proxy, up_port, proxy_port = start(args, tmp)
+    upstream, proxies, up_port = start(args, tmp)
     try:
-        procs = [psutil.Process(upstream.pid), psutil.Process(proxy.pid), psutil.Process()]
-        m = asyncio.run(bench(args, up_port, proxy_port, procs))
-        m.proxy_rss_mib = peak_rss_mib(proxy.pid)
+        procs = [psutil.Process(upstream.pid), *(psutil.Process(p.pid) for p, _ in proxies), psutil.Process()]
+        m = asyncio.run(bench(args, up_port, [port for _, port in proxies], procs))
+        for p, (proc, _) in zip(m.proxies, proxies):
+            p.rss_mib = peak_rss_mib(proc.pid)
         return m
     finally:
-        stop(proxy, upstream)
+        stop(*(p for p, _ in proxies), upstream)
 
 
 def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
@@ -312,26 +353,33 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
         ms = (f"{1000 * quantile(v, q):.2f} ms" for v in (t, tot) for q in (.5, .99))
         return (name, *ms, f"{len(xs) / secs:.0f}")
 
-    def diff_ms(i: int, q: float) -> float:
-        return 1000 * (quantile([x[i] for x in m.proxied], q) - quantile([x[i] for x in m.direct], q))
+    def diff_ms(p: Proxied, i: int, q: float) -> float:
+        return 1000 * (quantile([x[i] for x in p.xs], q) - quantile([x[i] for x in m.direct], q))
 
-    over = {f"{k} p{int(100 * q)}": diff_ms(i, q) for k, i in (("TTFB", 0), ("total", 1)) for q in (.5, .99)}
-    worst = max(over["TTFB p99"], over["total p99"])
-    return [
+    proxied = m.proxies[0]
+    lines = [
         *head,
         f"load: {args.streams} concurrent streams x {args.requests} requests x {args.rounds} round(s), "
         f"{args.chunks} SSE chunks {1000 * args.pace:g} ms apart (~4 KB request bodies)"
-        + (f"; a prompt route on {100 * args.prompt:g} % of the conversations: {sum(x[2] for x in m.proxied):,} of "
-           f"{len(m.proxied):,} answers rewritten and marked" if args.prompt is not None else ""),
-        *harness.table([row("direct", m.direct, m.direct_s), row("proxied", m.proxied, m.proxied_s)],
+        + (f"; a prompt route on {100 * args.prompt:g} % of the conversations: {sum(x[2] for x in proxied.xs):,} of "
+           f"{len(proxied.xs):,} answers rewritten and marked" if args.prompt is not None else "")
+        + (f"; baseline: the proxy of {args.baseline}, no prompt route" if args.baseline else ""),
+        *harness.table([row("direct", m.direct, m.direct_s), *(row(p.name, p.xs, p.secs) for p in m.proxies)],
                        header=("", "TTFB p50", "TTFB p99", "total p50", "total p99", "req/s")),
-        "  overhead: " + ", ".join(f"{k} {v:+.2f} ms" for k, v in over.items()),
-        f"  proxy: {m.proxy_cpu:.2f} CPU-s for {len(m.proxied)} requests "
-        f"({1000 * m.proxy_cpu / len(m.proxied):.2f} ms each), peak RSS {m.proxy_rss_mib:.0f} MiB",
-        f"  others on this machine during the proxied rounds: {m.others:.2f} CPU-s "
-        f"({100 * m.others / m.proxied_s / os.cpu_count():.0f} % of the CPUs)",
-        f"  p99 overhead at {args.streams} streams: {worst:.2f} ms ({T_OVERHEAD.check(worst)})",
     ]
+    for p in m.proxies[1:] + m.proxies[:1]:  # this proxy's lines last, its target line the report's last
+        over = {f"{k} p{int(100 * q)}": diff_ms(p, i, q) for k, i in (("TTFB", 0), ("total", 1)) for q in (.5, .99)}
+        worst = max(over["TTFB p99"], over["total p99"])
+        who = "" if p is proxied else "baseline "
+        lines += [
+            f"  {who}overhead: " + ", ".join(f"{k} {v:+.2f} ms" for k, v in over.items()),
+            f"  {who or 'proxy '}CPU: {1000 * p.cpu / len(p.xs):.3f} ms per proxied request (its process only: "
+            f"{p.cpu:.2f} CPU-s for {len(p.xs)} requests), peak RSS {p.rss_mib:.0f} MiB",
+            f"  others on this machine during the {who}proxied rounds: {p.others:.2f} CPU-s "
+            f"({100 * p.others / p.secs / os.cpu_count():.0f} % of the CPUs)",
+            f"  {who}p99 overhead at {args.streams} streams: {worst:.2f} ms ({T_OVERHEAD.check(worst)})",
+        ]
+    return lines
 
 
 def main() -> int:

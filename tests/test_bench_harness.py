@@ -194,15 +194,15 @@ def test_route_keeps_its_flags_rank_and_report(monkeypatch):
     route = _load("route")
     monkeypatch.setattr(sys, "argv", ["route.py"])
     assert vars(route.parse_args()) == {"streams": 200, "requests": 8, "rounds": 3, "chunks": 20, "pace": 0.025,
-                                        "stub": None, "prompt": None}
+                                        "stub": None, "prompt": None, "baseline": None}
     values = [float(i) for i in range(100, 0, -1)]
     assert (route.quantile(values, .5), route.quantile(values, .99)) == (51.0, 100.0)
     assert str(route.T_OVERHEAD) == "target < 2 ms"
     assert route.T_OVERHEAD.met(1.99) and not route.T_OVERHEAD.met(2.0)
 
-    m = route.Measured(direct=[(0.010, 0.500)] * 10, proxied=[(0.011, 0.503)] * 10, direct_s=1.0, proxied_s=2.0,
-                       proxy_cpu=0.02, others=0.0, proxy_rss_mib=40.0)
-    args = argparse.Namespace(streams=10, requests=1, rounds=1, chunks=20, pace=0.025, prompt=None)
+    m = route.Measured(direct=[(0.010, 0.500)] * 10, direct_s=1.0, proxies=[route.Proxied(
+        "proxied", [(0.011, 0.503, False)] * 10, secs=2.0, cpu=0.02, others=0.0, rss_mib=40.0)])
+    args = argparse.Namespace(streams=10, requests=1, rounds=1, chunks=20, pace=0.025, prompt=None, baseline=None)
     lines = route.report(["title"], args, m)
     assert lines[0] == "title" and lines[1].startswith("load: 10 concurrent streams x 1 requests x 1 round(s)")
     assert lines[2].split() == ["TTFB", "p50", "TTFB", "p99", "total", "p50", "total", "p99", "req/s"]
@@ -210,6 +210,15 @@ def test_route_keeps_its_flags_rank_and_report(monkeypatch):
     assert lines[4].split() == ["proxied", "11.00", "ms", "11.00", "ms", "503.00", "ms", "503.00", "ms", "5"]
     assert len({len(x) for x in lines[2:5]}) == 1  # one column grid
     assert lines[-1] == "  p99 overhead at 10 streams: 3.00 ms (target < 2 ms: [NOT met])"
+    assert "  proxy CPU: 2.000 ms per proxied request (its process only: 0.02 CPU-s for 10 requests), peak RSS 40 MiB" \
+        in lines
+
+    m.proxies.append(route.Proxied("baseline", [(0.0105, 0.501, False)] * 10, secs=2.0, cpu=0.01, rss_mib=30.0))
+    args.baseline = "/tmp/wt-e0ac2ad"
+    lines = route.report(["title"], args, m)
+    assert lines[5].split()[:2] == ["baseline", "10.50"]  # a row of its own, measured in the same rounds
+    assert "  baseline p99 overhead at 10 streams: 1.00 ms (target < 2 ms: [met])" in lines
+    assert lines[-1] == "  p99 overhead at 10 streams: 3.00 ms (target < 2 ms: [NOT met])"  # this proxy's, still last
 
 
 # --------------------------------------------------------------------------------------
