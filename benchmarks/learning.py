@@ -4,6 +4,7 @@ night, and does its gate stop the nights that would make it worse?
 
     python benchmarks/learning.py [--nights 2] [--seeds 3] [--episodes 200]
                                   [--eval-episodes 200] [--algorithms pg,awr,sft]
+                                  (or apo,apo-placebo,apo+sft,sft [--prompt-share 0.5])
                                   [--canary 0.5] [--drift 0.0,0.8]
 
 1. The agent world's behaviour policy (examples/agent_world: a tiny model built
@@ -31,6 +32,17 @@ world's task mix (the share of colour questions): A for night 1's logs, B for
 every later night's traffic and scoring. Traffic that moves away from what the
 logs held is what an offline gate cannot see: with 0.0,0.8 a candidate trained
 on arithmetic-only logs passes the gate and is worse on colour-heavy traffic.
+
+Prompt optimization (issue 27), --algorithms apo,apo+sft,apo-placebo (benchmarks/
+apo_arms.py): every arm of such a run serves the prompt-sensitive policy
+(policy.InstructSpec's defaults; --policy DIR serves a given folder). An apo
+lineage's agent reaches the server through its own `nightshift route`; each night's
+`nightshift nightly` (experiments: prompts, or both for apo+sft) judges the running
+prompt canary by production reward (the watch), then proposes a candidate with the
+stand-in proposer (tests/support/proposer_standin.py, or --apo-base-url) and puts it
+on --prompt-share of the conversations. The table names the prompt serving after each
+night per seed (base: the agent's own; vNNNN: a promoted candidate) and scores it with
+tonight's candidate on the behaviour policy's episodes; apo-placebo is the control.
 
 Controls in the same run: the behaviour policy scored on the same episodes (its
 spread over seeds). Printed: success per night, mean ± sd over seeds, the gate's

@@ -14,6 +14,16 @@ publishes, and the same agent, on fresh tasks, gets better.
     6. the agent runs fresh episodes against the published adapter (logged too)
        5-6 again for DEMO_NIGHTS nights (2), each training on all logs so far
     7. success before and after each night, the report and its plot
+    8. with DEMO_APO=1: prompt optimization, as for an agent on a hosted model (no
+       weight training): the agent reaches a prompt-sensitive policy through
+       `nightshift route`; `nightshift nightly` (experiments: prompts) reads its failed
+       episodes, asks the STAND-IN proposer (tests/support/proposer_standin.py: it derives
+       edits only from what it is sent and knows no task of the world) for an edited
+       prompt and tries it on half the conversations; a second night's watch judges it;
+       the base prompt, the candidate and a placebo line are scored on the same episodes.
+       Off by default: its first run builds a second policy (about 15 minutes on 2 busy
+       cores, cached after), and on today's policy a placebo lifts about as much
+       (docs/prompts.md)
 
 Embedded defaults only: local folders under ./nightshift-data, CPU.
 """
@@ -36,6 +46,11 @@ EPISODES = int(os.environ.get("DEMO_EPISODES", "200"))
 NIGHTS = int(os.environ.get("DEMO_NIGHTS", "2"))
 #: fresh tasks the world's checker plays against each candidate (the gate's `command`); 0 turns it off
 CHECK_EPISODES = int(os.environ.get("DEMO_CHECK_EPISODES", "100"))
+#: step 8, prompt optimization against the stand-in proposer (1: on)
+APO = os.environ.get("DEMO_APO", "0") == "1"
+#: what the placebo appends: the stand-in's frame, nothing the world's tasks need
+PLACEBO = "Earlier conversations went wrong with: replies that were worded more formally than users like. Make sure " \
+          "this does not happen."
 
 
 def say(step: str) -> None:
@@ -47,6 +62,7 @@ SETTINGS = """environment:
   DEMO_EPISODES         episodes per run of the agent (default 200)
   DEMO_NIGHTS           nightly cycles (default 2)
   DEMO_CHECK_EPISODES   fresh tasks the gate's checker plays per candidate (default 100; 0: off)
+  DEMO_APO              1: step 8, prompt optimization through nightshift route (default 0)
   DEMO_POLICY_DIR       where the behaviour policy is cached (default <data>/models/world-policy)
   DEMO_AGENT_VENV       the agent's own virtualenv (default .venv-agent), or
   DEMO_AGENT_PYTHON     an interpreter that already has openai + the instrumentation"""
@@ -119,7 +135,81 @@ def main() -> int:
         print(f"    after night {night}: {loop.success(res):.0%}")
     reports = DATA / "checkpoints" / "reports"
     print(f"    report: {reports / 'latest.md'}  plot: {reports / 'latest.png'}")
+    if APO:
+        rc = prompt_optimization(python, logs)
+        if rc:
+            return rc
     print(f"    ({time.time() - t0:.0f} s in all; logs under {logs})")
+    return 0
+
+
+def _nightly(cfg: Path) -> dict | None:
+    # the settings file names this step's own data folder: NIGHTSHIFT_DATA (the demo's) would override it
+    env = {k: v for k, v in os.environ.items() if k != "NIGHTSHIFT_DATA"}
+    rc = subprocess.call([sys.executable, "-m", "nightshift.cli", "nightly", "--config", str(cfg), "--quiet"], env=env)
+    if rc != 0:
+        print(f"nightshift nightly exited {rc}; see above", file=sys.stderr)
+        return None
+    return json.loads((cfg.parent / "checkpoints" / ".nightly" / "state.json").read_text())
+
+
+def prompt_optimization(python: Path, logs: Path) -> int:
+    """Step 8: two nights of prompt optimization only, on their own data folder."""
+    import evaluate
+    import loop
+    import policy
+
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from support.proposer_standin import Standin
+
+    say("8/8 prompt optimization (DEMO_APO=1), as for an agent on a hosted model: the prompt-sensitive policy "
+        "(instruction-tuned on top of the behaviour policy; built once, then cached)")
+    spec = policy.InstructSpec()
+    model = policy.build_instructed(Path(os.environ.get("DEMO_POLICY_DIR") or DATA / "models" / "world-policy").parent
+                                    / f"world-instructed-{spec.key()}", spec, progress=True)
+    data = DATA / "apo"
+    data.mkdir(parents=True, exist_ok=True)
+    server = loop.start_server(model, "world-policy", logs)
+    route = loop.start_route(server, logs, data / "routes.json")
+    try:
+        with Standin() as proposer:
+            print(f"    nightshift route {route.url} in front of the model server; the STAND-IN proposer {proposer.url}"
+                  " (derives edits only from the failures it is sent; knows no task of the world)")
+            cfg = loop.nightly_config(data / "demo-apo.yaml", data, model, data / "checkpoints", server,
+                                      nightly={"train_window_days": 3650, "experiments": "prompts",
+                                               "canary": {"route_url": route.url}, "prompts": {"share": 0.5}},
+                                      apo={"base_url": proposer.url, "model": "standin", "candidates": 1})
+            for night in (1, 2):
+                collector = loop.start_collector(data, logs)
+                res = loop.run_agent(python, collector, route, "world-policy", EPISODES, seed=20 + night, logs=logs)
+                loop.post_feedback(collector, res)
+                collector.stop()
+                print(f"    the agent through the route, {EPISODES} episodes: {loop.success(res):.0%}"
+                      + (" (half its conversations under the candidate prompt)" if night == 2 else ""))
+                say(f"    night {night}: nightshift nightly --config {data / 'demo-apo.yaml'} (experiments: prompts)")
+                state = _nightly(cfg)
+                if state is None:
+                    return 1
+                print("\n".join(f"    {x}" for x in [*(state.get("prompt_watch") or []), *(state.get("prompts") or [])]))
+        from nightshift.publish import prompt_canary as trials
+
+        started = [e for e in trials.read(str(data / "prompt-candidates")) if e["role"] == "canary"]
+        if not started:
+            print("    no prompt candidate was started; see the lines above")
+            return 0
+        system = json.loads((Path(started[0]["path"]) / "manifest.json").read_text())["candidate"]["system"]
+        system = system[0] if isinstance(system, list) else system
+        print("    the candidate prompt:\n" + "\n".join(f"      {x}" for x in system.splitlines()))
+        say(f"    scored in process on the same {EPISODES} fresh episodes: the base prompt, the candidate, and a "
+            "placebo (the base prompt plus a line in the proposer's frame that says nothing the tasks need)")
+        import world
+
+        for what, text in (("base prompt", None), ("candidate", system), ("placebo", world.SYSTEM + "\n" + PLACEBO)):
+            sc = evaluate.score(str(model), None, EPISODES, seed=4242, system=text)
+            print(f"    {what:12} {sc.rate:.0%}")
+    finally:
+        route.stop()
+        server.stop()
     return 0
 
 
