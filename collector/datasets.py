@@ -400,7 +400,15 @@ class DatasetStore:
         files = [p for p in files if os.path.basename(p) not in skip]
         key = list(DATASETS[dataset].KEY)
         frames = []
-        for p in files:
+        budget = self.key_budget if dataset not in KEEP_ALL_KEYS else 0
+        if budget:  # a restart into a full day reads the newest files only, not a day of keys
+            files = self._newest_first(files)
+        held = 0
+        for i, p in enumerate(files):
+            if budget and held >= budget:
+                log.info("%s %s: the duplicate check knows the keys of the newest %d of %d files (collector.dedup_memory)",
+                         dataset, layout.partition(date), i, len(files))
+                break
             try:
                 if self._fs is None:  # a local file: Arrow reads it itself
                     t = pq.read_table(p, columns=key)
@@ -416,7 +424,17 @@ class DatasetStore:
                             "of %s %s", p, ", ".join(key), e, dataset, layout.partition(date))
                 continue
             frames.append(_hashes(t))
+            held += frames[-1][0].nbytes + frames[-1][1].nbytes
         return _concat(frames)
+
+    def _newest_first(self, files: list[str]) -> list[str]:
+        def modified(p: str) -> float:
+            try:
+                return os.path.getmtime(p) if self._fs is None else self._fs.modified(p).timestamp()
+            except (OSError, NotImplementedError, AttributeError, ValueError):
+                return 0.0
+
+        return sorted(files, key=modified, reverse=True)
 
     def _evict(self) -> None:
         now = time.monotonic()

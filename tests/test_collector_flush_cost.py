@@ -126,3 +126,19 @@ def test_a_flusher_writing_a_local_folder_imports_no_fsspec(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_restart_reads_the_keys_of_the_newest_files_only_within_the_budget(tmp_path):
+    """A collector restarted into a day of spans read every key of the day before
+    its first flush (50M spans: 800 MB of hashes, more of strings); within a budget
+    it reads the newest files until the budget is full."""
+    data = str(tmp_path / "data")
+    batches = [make_request(100)[0] for _ in range(3)]
+    for i, req in enumerate(batches):
+        flush_segment(_segment(tmp_path / "wal", i, req), DatasetStore(data))
+        time.sleep(0.05)  # distinct modification times
+    fresh = DatasetStore(data, window_s=600.0, key_budget=1500)  # under one file's 1600 bytes: the newest file only
+    again_newest = flush_segment(_segment(tmp_path / "wal", 10, batches[2]), fresh)
+    assert (again_newest.spans, again_newest.duplicates) == (0, 100)
+    again_oldest = flush_segment(_segment(tmp_path / "wal", 11, batches[0]), fresh)
+    assert (again_oldest.spans, again_oldest.duplicates) == (100, 0)
