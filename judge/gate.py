@@ -22,8 +22,15 @@ them), both models side by side:
 - generation: sample each model on the same `samples` held-out prompts with
   their tools (same seeds); the share of outputs that are a valid tool call
   (JSON that parses, a tool that was offered, its required arguments present)
-  or clean text may not fall by more than `validity_margin`. This catches a
-  policy whose format broke, which likelihoods alone can miss.
+  or clean text. This catches a policy whose format broke, which likelihoods
+  alone can miss. It blocks when the samples SHOW a fall of more than
+  `validity_margin`: the one-sided upper bound of the paired difference
+  (candidate minus serving, prompt by prompt) below minus the margin. A point
+  comparison blocked on noise: 83.0 % against 89.8 % on 88 samples (a fall the
+  samples cannot tell from none) blocked a candidate the world's checker
+  measured 23 points better on 100 paired tasks (benchmarks/learning.py,
+  issue 27). A veto needs evidence of harm; the case for the candidate is the
+  ranking's lower bound and the command's.
 
 The held-out NLL of rewarded calls is reported, not decisive. Then the user's
 own evaluation command runs if one is configured, and must pass too. Every
@@ -59,6 +66,7 @@ import subprocess
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 
 from nightshift.settings import setting
 from nightshift.trainer.config import TrainConfig
@@ -89,10 +97,11 @@ class GateSettings:
     samples: int = setting(64, help="held-out prompts sampled per model for the generation check (0 turns it off)",
                            bounds="[0, inf)")
     max_tokens: int = setting(96, help="tokens per sample", bounds="[1, inf)")
-    validity_margin: float = setting(0.05, help="how much the share of valid outputs may fall (5 points: a pg "
-                                                "candidate 11 points worse in success on the agent world fell 8 "
-                                                "points here while its ranking looked better; good ones fell 0-2)",
+    validity_margin: float = setting(0.05, help="the fall in the share of valid outputs the generation check "
+                                                "tolerates: it blocks when the samples show a larger one (the "
+                                                "upper bound of the paired difference below minus this)",
                                      bounds="[0, 1]")
+    validity_confidence: float = setting(0.95, help="the confidence of that upper bound", bounds="[0.5, 1)")
     command: str = setting("", help="your evaluation, run through the shell with NIGHTSHIFT_CANDIDATE, "
                                     "NIGHTSHIFT_PUBLISHED (empty for the base) and NIGHTSHIFT_BASE_MODEL set, and "
                                     "the contract's NIGHTSHIFT_GATE_SEED, NIGHTSHIFT_GATE_CONFIDENCE and "
@@ -451,6 +460,20 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
     return decision
 
 
+def paired_upper_bound(candidate: list, serving: list, confidence: float) -> float:
+    """One-sided upper bound of mean(candidate - serving) over paired 0/1 outcomes
+    (the same prompt, the same seed), from the discordant pairs: a Wald bound
+    with the variance floored at one discordant pair, so that a handful of
+    samples with no disagreement does not read as certainty."""
+    n = min(len(candidate), len(serving))
+    if n == 0:
+        return 0.0
+    d = [float(a) - float(b) for a, b in zip(candidate, serving)]
+    mean = sum(d) / n
+    var = max(sum(x * x for x in d) / n - mean * mean, 1.0 / n)
+    return mean + NormalDist().inv_cdf(confidence) * math.sqrt(var / n)
+
+
 def _judge(decision: GateDecision, held: list, c: dict, p: dict, settings: GateSettings,
            fallback: list[dict] | None = None) -> None:
     """Fill the decision from both models' scores."""
@@ -494,11 +517,15 @@ def _judge(decision: GateDecision, held: list, c: dict, p: dict, settings: GateS
         decision.checks["ranking"] = {"decisive": False, "passed": True,
                                       "detail": "no held-out pairs of calls in a similar state with different rewards"}
     if "valid_share" in cm:
-        ok = cm["valid_share"] >= pm["valid_share"] - settings.validity_margin
+        upper = paired_upper_bound(c["valid"], p["valid"], settings.validity_confidence)
+        cm["valid_fall_upper"] = upper
+        ok = upper >= -settings.validity_margin
         decision.checks["generation"] = {
             "decisive": True, "passed": ok,
             "detail": f"{100 * cm['valid_share']:.1f} % of {cm['samples']} sampled outputs valid (tool call or text) vs "
-                      f"{100 * pm['valid_share']:.1f} % (margin {100 * settings.validity_margin:.0f} points)"}
+                      f"{100 * pm['valid_share']:.1f} % on the same prompts, "
+                      f"{100 * settings.validity_confidence:.0f} % upper bound of the difference "
+                      f"{100 * upper:+.1f} points (blocks below -{100 * settings.validity_margin:.0f})"}
         (reasons if ok else failed).append("valid outputs held" if ok else "breaks the output format")
     if "nll_rewarded" in cm and "nll_rewarded" in pm:
         decision.checks["nll of rewarded calls"] = {
