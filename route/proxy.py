@@ -331,7 +331,7 @@ class Proxy:
 
         marker = StreamMarker(mark) if mark is not None else None
 
-        def write(piece: bytes) -> None:  # called from the upstream socket's callback, per piece as it arrives
+        def write(piece: bytes) -> None:  # called from the upstream socket's callback, per read as it arrives
             if out.is_closing():
                 return
             if marker is not None and not (piece := marker.feed(piece)):
@@ -353,13 +353,13 @@ class Proxy:
             raise
         if out.is_closing():
             return self._client_gone(resp, name, version)
+        last = ex.tail()  # the read that ended the answer: sent with the end, in one write
         if marker is not None:
-            if rest := marker.flush():
-                out.write(b"%x\r\n%s\r\n" % (len(rest), rest))
+            last = marker.feed(last) + marker.flush() if last else marker.flush()
             if not marker.marked:
                 self.metrics.prompt_unmarked.inc()
         try:
-            await resp.write_eof()
+            await resp.write_eof(last)
         except ConnectionError:
             return self._client_gone(resp, name, version)
         return resp

@@ -43,14 +43,23 @@ class Exchange:
         self.done: asyncio.Future = loop.create_future()
         self.head_only = head_only
         self.status, self.headers = 0, []
-        self.body: list[bytes] = []
-        self.write = None  # set by pipe(): called with each body piece
+        self.body: list[bytes] = []  # pieces not yet given to `write` (all of them until `pipe`)
+        self.write = None  # set by pipe(): called with the pieces of each read from the upstream
         self.conn: Connection | None = None
 
     def pipe(self, write) -> None:
-        for piece in self.body:
-            write(piece)
-        self.body, self.write = [], write
+        """Hand the body to `write` from now on: what came before goes out at once, as
+        one piece. Once `done`, the pieces of the last read stay in `body` (`tail`),
+        for the caller to send with its answer's end in one write."""
+        if self.body and not self.done.done():
+            write(b"".join(self.body))
+            self.body = []
+        self.write = write
+
+    def tail(self) -> bytes:
+        """The pieces of the read that completed the answer, not yet written."""
+        tail, self.body = b"".join(self.body), []
+        return tail
 
     def fail(self, error: UpstreamError) -> None:
         for f in (self.head, self.done):
@@ -74,11 +83,23 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        """One write to the client per read from the upstream, not one per chunk: the
+        send is most of a piece's cost, and a proxy that falls behind reads several
+        chunks at once. The read that ends the answer is left for the caller
+        (`Exchange.tail`), which sends it with the answer's end."""
         self.last = time.monotonic()
+        ex = self.ex
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
+            if ex is not None and ex.write is not None and ex.body:  # what was good goes out, as it did per chunk
+                ex.write(b"".join(ex.body))
+                ex.body = []
             self._broken(f"the upstream sent bad HTTP: {e}")
+            return
+        if ex is not None and ex.write is not None and ex.body and not ex.done.done():
+            piece, ex.body = b"".join(ex.body) if len(ex.body) > 1 else ex.body[0], []
+            ex.write(piece)
 
     def connection_lost(self, exc) -> None:
         self.pool.forget(self)
@@ -110,12 +131,8 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         ex = self.ex
-        if ex is None:
-            return
-        if ex.write is None:
-            ex.body.append(body)
-        else:
-            ex.write(body)
+        if ex is not None:
+            ex.body.append(body)  # written once this read is parsed (data_received)
 
     def on_message_complete(self) -> None:
         ex, self.ex = self.ex, None
