@@ -606,10 +606,12 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
         beyond = pm - sm > max(psd, ssd)
         out.append(f"  pg >= sft outside the seed spread (night {last}): {100 * pm:.1f} vs {100 * sm:.1f}: {verdict(beyond)}")
     out += apo_targets(args, algorithms, n)
-    out.append(f"  passed-and-worse = 0, the default gate's offline checks: {verdict(conf[('PASSED', 'worse')] == 0)}")
-    caught = [e for e in n.watch if e["action"] in ("rolled back", "canary stopped") and e["offline"] == "PASSED"]
-    out.append(f"  production rolled back (or stopped) a version the offline gate passed: {len(caught)} "
-               f"({verdict(bool(caught))})")
+    if not all(apo_arms.is_apo(a) for a in algorithms):  # the weight gate's targets: its decisions are pg/awr/sft's
+        out.append(f"  passed-and-worse = 0, the default gate's offline checks: "
+                   f"{verdict(conf[('PASSED', 'worse')] == 0)}")
+        caught = [e for e in n.watch if e["action"] in ("rolled back", "canary stopped") and e["offline"] == "PASSED"]
+        out.append(f"  production rolled back (or stopped) a version the offline gate passed: {len(caught)} "
+                   f"({verdict(bool(caught))})")
     if sum(confs["gate"].values()) and args.check_episodes:
         out.append(f"  passed-and-worse = 0, with the world's checker: {verdict(confs['gate'][('PASSED', 'worse')] == 0)}")
         for k in ("checker", "gate"):
