@@ -9,6 +9,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 
 
+class Children:
+    """A labelled metric's children, each looked up once: prometheus_client's
+    `labels()` takes a lock and checks its arguments on every call, and the request
+    path asks for the same few (route, version, status) on every request. Holds no
+    more than the metric itself does (it keeps every child it made)."""
+
+    def __init__(self, metric) -> None:
+        self.metric, self.known = metric, {}
+
+    def __call__(self, *values: str):
+        child = self.known.get(values)
+        if child is None:
+            child = self.known[values] = self.metric.labels(*values)
+        return child
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -51,6 +67,10 @@ class Metrics:
                                        "answer): their calls are attributed to the agent's own prompt.", registry=r)
         self.missing = Gauge("nightshift_route_missing_versions", "Versions the upstream said it does not have, "
                              "skipped for missing_ttl.", registry=r)
+
+        # the request path's: children looked up once (Children)
+        self.request, self.decision = Children(self.requests), Children(self.decisions)
+        self.prompt_decision = Children(self.prompt_decisions)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

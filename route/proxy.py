@@ -175,7 +175,7 @@ class Proxy:
         chosen, arm, x = choose(route, key)
         targets = [chosen] + ([route.serving] if chosen == route.candidate else [])
         targets += [] if model in targets else [model]
-        self.metrics.decisions.labels(model, chosen, arm, kind).inc()
+        self.metrics.decision(model, chosen, arm, kind).inc()
         skipped: list[str] = []
         while len(targets) > 1 and self.is_missing(targets[0]):
             skipped.append(targets.pop(0))
@@ -192,7 +192,7 @@ class Proxy:
         the prompt cannot be replaced without guessing."""
         r = m.route
         _, arm, x = choose(r, key)
-        self.metrics.prompt_decisions.labels(m.name, arm, kind).inc()
+        self.metrics.prompt_decision(m.name, arm, kind).inc()
         if arm == "candidate":
             try:
                 edits = self.prompts.edits(m, parsed)
@@ -286,13 +286,13 @@ class Proxy:
         return out
 
     def _done(self, name: str, version: str, status: int, t0: float, waited: float) -> None:
-        self.metrics.requests.labels(name, version, str(status)).inc()
+        self.metrics.request(name, version, str(status)).inc()
         self.metrics.overhead.observe(max(0.0, time.perf_counter() - t0 - waited))
 
     def _failed(self, name: str, version: str, e: UpstreamError) -> web.Response:
         status = 504 if e.kind == "timeout" else 502
         self.metrics.upstream_errors.labels(e.kind).inc()
-        self.metrics.requests.labels(name, version, str(status)).inc()
+        self.metrics.request(name, version, str(status)).inc()
         where = {"connect": "is unreachable", "tls": "cannot be reached safely", "timeout": "did not answer in time",
                  "broken": "broke its answer"}[e.kind]
         message = f"the upstream {self.base} {where}: {e}"

@@ -75,3 +75,23 @@ def test_an_answer_complete_before_pipe_is_all_tail():
     ex.pipe(written.append)
     assert written == [] and ex.tail() == b"data: 1\n\ndata: 2\n\n"
 
+
+def test_the_request_paths_metrics_are_looked_up_once(monkeypatch):
+    """prometheus_client's labels() takes a lock and checks its arguments each call:
+    the request path's counters keep their children, and the counts still land."""
+    from prometheus_client import Counter
+
+    from nightshift.route.metrics import Metrics
+
+    m = Metrics()
+    calls = []
+    real = Counter.labels
+    monkeypatch.setattr(Counter, "labels", lambda self, *v: calls.append(v) or real(self, *v))
+    for _ in range(5):
+        m.request("agent", "agent@v0002", "200").inc()
+        m.decision("agent", "agent@v0002", "candidate", "trace").inc()
+        m.prompt_decision("prompt:ab12", "serving", "trace").inc()
+    assert len(calls) == 3
+    text = m.render().decode()
+    assert 'nightshift_route_requests_total{route="agent",status="200",version="agent@v0002"} 5.0' in text
+    assert 'nightshift_route_prompt_decisions_total{arm="serving",key="trace",route="prompt:ab12"} 5.0' in text
