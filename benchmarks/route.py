@@ -19,7 +19,8 @@ With `--baseline DIR` a second proxy runs from another checkout of this reposito
 (a worktree: `git worktree add /tmp/wt-e0ac2ad e0ac2ad`, imported as `nightshift`
 through PYTHONPATH) in front of the same stub, and each round is direct, this
 proxy, the baseline's: on a shared machine only figures taken in the same
-minutes compare. The baseline holds the model route only (no prompt route).
+minutes compare. With --prompt, the baseline holds the prompt route too when it
+knows prompt routes (since issue 27).
 
 With `--prompt SHARE` the proxy also holds a prompt route matching the requests'
 system prompt: every request's prompt is folded and hashed, and SHARE of the
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,14 +258,19 @@ def start_proxy(args: argparse.Namespace, tmp: Path, up_port: int, baseline: str
     put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/agent", method="PUT", data=json.dumps(
         {"serving": "agent@v0001", "candidate": "agent@v0002", "share": 0.5}).encode())
     urllib.request.urlopen(put).read()
-    if args.prompt is not None and not baseline:
+    if args.prompt is not None:
         from nightshift.schemas.prompt_identity import system_id
 
         candidate = SYSTEM + "Check each tool result before you answer."
         put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/prompt:{system_id([SYSTEM])}",
                                      method="PUT", data=json.dumps({"kind": "prompt", "candidate": system_id([candidate]),
                                                                     "system": candidate, "share": args.prompt}).encode())
-        urllib.request.urlopen(put).read()
+        try:
+            urllib.request.urlopen(put).read()
+            args.baseline_prompt = bool(baseline)
+        except urllib.error.HTTPError:
+            if not baseline:
+                raise  # a baseline from before prompt routes (issue 27) runs without one
     return proxy, proxy_port
 
 
@@ -363,7 +370,9 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
         f"{args.chunks} SSE chunks {1000 * args.pace:g} ms apart (~4 KB request bodies)"
         + (f"; a prompt route on {100 * args.prompt:g} % of the conversations: {sum(x[2] for x in proxied.xs):,} of "
            f"{len(proxied.xs):,} answers rewritten and marked" if args.prompt is not None else "")
-        + (f"; baseline: the proxy of {args.baseline}, no prompt route" if args.baseline else ""),
+        + (f"; baseline: the proxy of {args.baseline}, "
+           + ("with the same prompt route" if getattr(args, "baseline_prompt", False) else "no prompt route")
+           if args.baseline else ""),
         *harness.table([row("direct", m.direct, m.direct_s), *(row(p.name, p.xs, p.secs) for p in m.proxies)],
                        header=("", "TTFB p50", "TTFB p99", "total p50", "total p99", "req/s")),
     ]
