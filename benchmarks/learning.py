@@ -472,6 +472,11 @@ def apo_targets(args: argparse.Namespace, algorithms: list[str], n: Nights) -> l
         return 100 * (m - bm), 100 * max(sd, bsd)
 
     for alg in [a for a in ("apo", "apo-placebo") if a in algorithms]:
+        # night 1's candidate on the same episodes as the base prompt: what the proposal is worth,
+        # whether or not the watch has seen enough of it to promote it yet
+        cg, cspread = gain(alg + " (candidates)", 1)
+        out.append(f"  {alg}: night 1's candidate over the base prompt, same episodes: {cg:+.1f} points (seed spread "
+                   f"{cspread:.1f}; not a target: the target is what serves)")
         best = max(nights, key=lambda k: gain(alg, k)[0])
         g, spread = gain(alg, best)
         met = g >= 15 and g > spread
