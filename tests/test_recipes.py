@@ -24,13 +24,15 @@ def test_settings_file_loads_into_every_stage():
     from nightshift.collector.config import CollectorConfig
     from nightshift.trainer.config import TrainConfig
     from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.publish import MOVED
     from nightshift.transform.config import TransformConfig
 
     f = str(R / "nightshift.yaml")
     col = load(CollectorConfig, "collector", f, env={})
     tr = load(TransformConfig, "transform", f, env={})
     train = load(TrainConfig, "train", f, env={})
-    night = load(NightlyConfig, "nightly", f, env={})
+    said: list[str] = []
+    night = load(NightlyConfig, "nightly", f, env={}, moved=MOVED, notes=said)
     tr.check()
     train.check()
     night.check()
@@ -39,7 +41,8 @@ def test_settings_file_loads_into_every_stage():
     # the ConfigMap carries a file the same loaders accept
     cm = _docs("k8s/config.yaml")[0]
     inner = yaml.safe_load(cm["data"]["nightshift.yaml"])
-    assert set(inner) == {"data", "collector", "transform", "train", "nightly"}
+    assert set(inner) == {"data", "collector", "transform", "train", "publish"}
+    assert not said  # the recipe gives the publishing keys in their own section, not the deprecated one
 
 
 def test_kubernetes_manifests():
