@@ -44,7 +44,7 @@ EPILOG = """Examples:
 
 def add_export(sub, common) -> None:
     from nightshift.transform.config import TransformConfig
-    from nightshift.transform.export import ARGUMENTS, FORMATS
+    from nightshift.transform.export_formats import ARGUMENTS, FORMATS
 
     e = sub.add_parser("export", help="write the transitions as chat-format training examples (Parquet or JSON lines)",
                        description=DESCRIPTION, epilog=epilog(EPILOG, *TRANSFORM_SETTINGS,

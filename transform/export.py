@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 from nightshift.schemas import layout
 from nightshift.storage import fsync
 
-FORMATS = ("messages", "prompt_completion")
-ARGUMENTS = ("object", "text")
+from .export_formats import ARGUMENTS, FORMATS
+
 SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
 #: The row's columns kept beside the messages, for filtering and weighting.
 META = {"transition_id": pa.string(), "trajectory_id": pa.string(), "step": pa.int32(), "agent_name": pa.string(),
