@@ -73,3 +73,40 @@ def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, s
         outcomes.append(ep.success)
         right += bool(ep.tools_used) and ep.tools_used[0] == task.right_tool
     return Score(episodes, ok, right, outcomes)
+
+
+def right_tool_probability(model_dir: str, systems: dict[str, str | None], tasks: int = 200,
+                           seed: int = 4242) -> dict[str, dict[str, float]]:
+    """Per prompt (None: the agent's own), the probability the policy gives the right
+    tool at its first call, teacher-forced on the same `tasks` fresh questions (the
+    choice between the two tools' names, by kind and overall). No sampling: a
+    prompt's effect on the decision without the noise of 100 episodes, in seconds,
+    which is how instruction-tuning variants were compared (benchmarks/RESULTS.md)."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    rng = random.Random(seed)
+    qs = [world.make_task(rng) for _ in range(tasks)]
+    out = {}
+    for label, system in systems.items():
+        by_kind: dict[str, list[float]] = {"arithmetic": [], "colour": []}
+        for task in qs:
+            prefix = tok.apply_chat_template([{"role": "system", "content": system or world.SYSTEM},
+                                              {"role": "user", "content": task.question}], tools=world.TOOLS,
+                                             tokenize=False, add_generation_prompt=True)
+            start = len(tok(prefix)["input_ids"])
+            logp = {}
+            for name in ("calculator", "lookup"):
+                ids = tok(prefix + '<tool_call>{"name": "' + name + '"')["input_ids"]
+                with torch.no_grad():
+                    lp = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+                logp[name] = sum(lp[i - 1, ids[i]].item() for i in range(start, len(ids)))
+            z = math.exp(logp["calculator"]) + math.exp(logp["lookup"])
+            by_kind[task.kind].append(math.exp(logp[task.right_tool]) / z)
+        out[label] = {k: sum(v) / len(v) for k, v in by_kind.items() if v}
+        out[label]["all"] = sum(sum(v) for v in by_kind.values()) / tasks
+    return out
