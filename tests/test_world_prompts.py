@@ -4,12 +4,13 @@ with the stand-in proposer, which knows nothing of the world, proposes a prompt
 that quotes the failures' tool errors back as instructions, in a wording no
 instruction the prompt-sensitive policy is taught (instructions.py) has.
 
-Not here yet: that this prompt lifts the prompt-sensitive policy by 15 points with
-a placebo line flat. No instruction-tuning recipe tried so far follows the content
-rather than the length of an instruction: the default's placebo lifts it, the
-counterfactual recipe (counterfactual.py), which hides the length, learned
-nothing of the prompt (benchmarks/RESULTS.md, measured with the probe tested
-here)."""
+The lift: the prompt-sensitive policy (counterfactual.PROMPT_SENSITIVE: the
+default instructed policy, whose placebo lifted it, taught again on counterfactual
+twins) does better under the proposal, on fresh episodes, and neither under a
+placebo line in the stand-in's own frame and length nor under an unchanged prompt
+(A/A). The prompt reaches the policy as `nightshift route` puts it in front of the
+unmodified agent: the system prompt of each call replaced on its way to the model
+(evaluate.score's `system`, the route's role in process)."""
 
 from __future__ import annotations
 
@@ -40,11 +41,24 @@ PLACEBO = proposer_standin._instruction("feedback: the answers were slow and too
 
 
 @pytest.fixture(scope="module")
-def proposal(tmp_path_factory, world_policy) -> tuple[str, list[dict]]:
+def sensitive() -> Path:
+    """The prompt-sensitive behaviour policy, in the same cache as the world's
+    behaviour policy (conftest's world_policy), built on it unless cached."""
+    import os
+
+    import counterfactual
+
+    spec = counterfactual.PROMPT_SENSITIVE
+    root = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
+    return counterfactual.build(root / f"counterfactual-{spec.key()}", spec, progress=False)
+
+
+@pytest.fixture(scope="module")
+def proposal(tmp_path_factory, sensitive) -> tuple[str, list[dict]]:
     """The system prompt one APO round proposes from the policy's own logged
     episodes, and what the stand-in proposer was sent."""
     root = tmp_path_factory.mktemp("world-prompts")
-    write(root / "data", logged_episodes(world_policy, LOGGED))
+    write(root / "data", logged_episodes(sensitive, LOGGED))
     with Standin() as s:
         rnd = propose(ApoConfig(data=str(root / "data"), base_url=s.url, model="standin", candidates=1, timeout=30.0,
                                 retries=0), "solver", salt="night-1")
@@ -122,3 +136,39 @@ def test_the_probe_reads_the_first_tool_choice(world_policy):
     for p in probe.values():
         assert set(p) == {"arithmetic", "colour", "all"} and all(0.0 < v < 1.0 for v in p.values()), p
     assert 0.3 < probe["own"]["all"] < 0.7, probe
+
+
+FRESH = 100  # fresh episodes each prompt is scored on: the same tasks and sampling seeds for all but the A/A
+
+
+def test_the_proposed_prompt_lifts_success_and_an_unchanged_or_placebo_one_does_not(proposal, sensitive):
+    """Base, placebo and proposal play the same 100 tasks with the same sampling
+    seeds, so their differences are paired (paired.py); the A/A plays other tasks.
+    What the margins risk at this episode count, if the truth is what the probe
+    measured (a lift near 25 points, a placebo within 3): the A/A exceeds +15
+    points unpaired with about 2 % (sd 7 points at 50 %), the placebo strays 10
+    points paired with about 2 % (20-odd discordant tasks: sd under 5 points), the
+    proposal falls under +15 or its paired 95 % bound under 0 with about 5 %. The
+    episodes are seeded, so a given build passes or fails every time: these are
+    the odds that a rebuild on other numbers fails it."""
+    import paired
+    from nightshift.serve.engine import Engine
+
+    prompt, _ = proposal
+    engine = Engine(str(sensitive), "world-policy")
+
+    def score(system: str | None, seed: int = 20261126) -> evaluate.Score:
+        return evaluate.score("", None, FRESH, seed=seed, engine=engine, system=system)
+
+    base = score(None)  # the agent's own prompt, as it sends it
+    same = score(world.SYSTEM, seed=20261127)  # A/A: the route puts the same prompt back, other tasks
+    placebo = score(world.SYSTEM + "\n" + PLACEBO)
+    proposed = score(prompt)
+    lift = paired.paired_lower(proposed.outcomes, base.outcomes, 0.95)
+    print(f"base {base.rate:.2f}, A/A {same.rate:.2f}, placebo {placebo.rate:.2f}, proposed {proposed.rate:.2f} "
+          f"(paired lower bound {lift.lower:+.2f})")
+    assert 0.25 <= base.rate <= 0.65, base  # the world's mediocre start
+    assert same.rate - base.rate < 0.15, (same, base)  # an unchanged prompt: no lift the test would count
+    assert abs(placebo.rate - base.rate) < 0.10, (placebo, base)  # added text alone neither helps nor hurts
+    assert proposed.rate - base.rate >= 0.15 and lift.lower > 0, (proposed, base, lift)
+    assert proposed.rate - placebo.rate >= 0.10, (proposed, placebo)  # what the line says, not that there is one

@@ -150,6 +150,10 @@ class CounterfactualSpec:
     like policy.InstructSpec, the taught lines part of the key."""
 
     base: policy.PolicySpec = field(default_factory=policy.PolicySpec)
+    # what the stage continues from: "base", the behaviour policy (it then learned
+    # nothing of the prompt), or "instructed", policy.InstructSpec's policy, which
+    # reads the prompt but also its length: the twins unteach the length
+    start: str = "base"
     demos: int = 1600  # counterfactual twins included
     instructed: float = 0.5  # share of prompts with added lines whose lines include an instruction
     both: float = 1 / 3  # share of instructed prompts (with room for two lines) speaking of both kinds
@@ -164,8 +168,17 @@ class CounterfactualSpec:
     seed: int = 0
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps({**asdict(self), "lines": fingerprint()}, sort_keys=True).encode()
-                              ).hexdigest()[:12]
+        fields = {**asdict(self), "lines": fingerprint()}
+        if self.start == "base":  # as the first variants were keyed, before `start` was
+            del fields["start"]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+#: The recipe that reads what a prompt says (benchmarks/RESULTS.md): the default
+#: instructed policy, then one pass over counterfactual twins, most prompts with
+#: lines instructing, at a learning rate low enough to keep what it had learned.
+PROMPT_SENSITIVE = CounterfactualSpec(start="instructed", instructed=0.85, both=0.5, p_right_instructed=0.95,
+                                      epochs=1, learning_rate=5e-4)
 
 
 def demonstrations(spec: CounterfactualSpec) -> list[tuple[list[dict], bool]]:
@@ -220,7 +233,13 @@ def build(out: Path, spec: CounterfactualSpec | None = None, progress: bool = Tr
     stamp = out / "policy-spec.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == spec.key():
         return out
-    base = policy.build(out.parent / f"policy-{spec.base.key()}", spec.base, progress)
+    if spec.start == "instructed":
+        ispec = policy.InstructSpec(base=spec.base)
+        base = policy.build_instructed(out.parent / f"instructed-{ispec.key()}", ispec, progress)
+    elif spec.start == "base":
+        base = policy.build(out.parent / f"policy-{spec.base.key()}", spec.base, progress)
+    else:
+        raise ValueError(f"CounterfactualSpec.start must be 'base' or 'instructed', not {spec.start!r}")
     work = Path(tempfile.mkdtemp(prefix="agent-world-counterfactual-"))
     try:
         result = policy._train(work, 0, rows(spec), base, spec.epochs, spec.learning_rate, spec.base.batch_size,
