@@ -1,23 +1,27 @@
-"""A second instruction-tuning recipe for the prompt-sensitive behaviour policy,
-tried for issue 27 item 8 and NOT adopted: it makes the length, frame and place
-of an added line uninformative, and the tiny policy then learned nothing of the
-prompt at all (benchmarks/RESULTS.md, the probe's table). Kept so the table's
-rows can be rebuilt and the next try starts from them:
+"""The stage that makes the behaviour policy read what a prompt says, not how long
+it is (issue 27 item 8): `PROMPT_SENSITIVE`, the policy the lift test and the
+demo's APO arm should use.
 
-    python examples/agent_world/prompt_probe.py --counterfactual '{"epochs": 3, "learning_rate": 0.002}'
-
-The default recipe (instructions.py, policy.InstructSpec) adds lines mostly when
-they help, and its policy learned partly that a longer prompt helps (a placebo
-line lifts it). Here every prompt gains 0 to `most_lines` lines, each a content in
-a frame (an order, a warning, a lesson from past errors, the stand-in proposer's
+The default instruction tuning (instructions.py, policy.InstructSpec) adds lines
+mostly when they help, and its policy learned partly that a longer prompt helps
+(a placebo line in the stand-in's frame lifts its right first tool by 11
+points). Here every prompt gains 0 to `most_lines` lines, each a content in a
+frame (an order, a warning, a lesson from past errors, the stand-in proposer's
 "Earlier conversations went wrong with: ..."); distractors (slowness, politeness,
 timeouts, retries) come in the same frames and counts, and each instructed prompt
 is taught beside its counterfactual, the same prompt with a distractor where the
 instruction was: only what a line says tells the two apart. Every colour content
 names a colour and no arithmetic, every arithmetic content the reverse, no
-distractor either, so a keyword would be enough; even so, 480 to 730 steps of
-full fine-tuning moved the right tool's probability by at most 5 points for any
-prompt, taught lines included.
+distractor either.
+
+Started from the behaviour policy (`start="base"`), which picks its tool at a
+coin flip whatever it reads, 240 to 730 steps moved the right tool's probability
+by at most 5 points for any prompt, taught lines included: with nothing pulling
+it to read the prompt, it never did. Started from the default instructed policy
+(`start="instructed"`), which does read it, one gentle pass keeps the content and
+drops the length (benchmarks/RESULTS.md, the probe's table):
+
+    python examples/agent_world/prompt_probe.py --episodes 100
 
 What a proposer writes is never among the taught lines verbatim (`taught()`).
 """

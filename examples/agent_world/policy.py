@@ -50,12 +50,12 @@ class PolicySpec:
 
 @dataclass
 class InstructSpec:
-    """The instruction-tuning stage on top of the behaviour policy `base`. Not yet
-    prompt-sensitive in the content of an instruction: every variant tried learned
-    that a longer prompt helps (a placebo line lifted it as much as the right
-    instruction), or nothing (benchmarks/RESULTS.md, issue 27 item 8); these
-    defaults are the variant that came closest (59 % under the agent's prompt, 73 %
-    with a taught instruction, 71 % with the stand-in proposer's, 67 % placebo)."""
+    """The instruction-tuning stage on top of the behaviour policy `base`. Alone, it
+    reads an instruction's length as well as its content (a placebo line lifts it
+    11 points of the right first tool, the stand-in's proposal 23); the
+    prompt-sensitive policy to use is counterfactual.PROMPT_SENSITIVE, which
+    continues from this one on counterfactual twins and unlearns the length
+    (benchmarks/RESULTS.md, issue 27 item 8)."""
 
     base: PolicySpec = field(default_factory=PolicySpec)
     demos: int = 2400

@@ -1,5 +1,5 @@
 """Does the prompt-sensitive policy read what a prompt says? Builds (or reuses from
-the cache) policy.InstructSpec's defaults and prints, per prompt, the probability
+the cache) counterfactual.PROMPT_SENSITIVE and prints, per prompt, the probability
 of the right first tool (teacher-forced, evaluate.right_tool_probability) and,
 with --episodes, the success rate on fresh episodes (the same tasks and sampling
 seeds for every prompt, so differences are paired):
@@ -49,9 +49,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=0, help="also score each prompt on this many fresh episodes")
     ap.add_argument("--tasks", type=int, default=200, help="questions the teacher-forced probe reads")
-    ap.add_argument("--model", help="a policy folder (default: build or reuse policy.InstructSpec's defaults)")
-    ap.add_argument("--counterfactual", metavar="JSON", help="build or reuse counterfactual.py's recipe instead, "
-                    "with these CounterfactualSpec settings ('{}': its defaults)")
+    ap.add_argument("--model", help="a policy folder (default: build or reuse counterfactual.PROMPT_SENSITIVE)")
+    ap.add_argument("--counterfactual", metavar="JSON", help="build or reuse counterfactual.py's recipe with these "
+                    "CounterfactualSpec settings instead ('{}': its defaults)")
+    ap.add_argument("--instructed", action="store_true", help="policy.InstructSpec's defaults instead (the stage "
+                    "PROMPT_SENSITIVE continues from)")
     args = ap.parse_args()
     root = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
     t0, c0 = time.time(), time.process_time()
@@ -62,9 +64,14 @@ def main() -> int:
 
         cspec = counterfactual.CounterfactualSpec(**json.loads(args.counterfactual))
         model = counterfactual.build(root / f"counterfactual-{cspec.key()}", cspec, progress=False)
-    else:
+    elif args.instructed:
         spec = policy.InstructSpec()
         model = policy.build_instructed(root / f"instructed-{spec.key()}", spec, progress=False)
+    else:
+        import counterfactual
+
+        cspec = counterfactual.PROMPT_SENSITIVE
+        model = counterfactual.build(root / f"counterfactual-{cspec.key()}", cspec, progress=False)
     if not args.model:
         print(f"policy: {model} (build or cache: {time.time() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU)")
     c0 = time.process_time()
