@@ -22,8 +22,8 @@ publishes, and the same agent, on fresh tasks, gets better.
        prompt and tries it on half the conversations; a second night's watch judges it;
        the base prompt, the candidate and a placebo line are scored on the same episodes.
        Off by default: its first run builds a second policy (about 15 minutes on 2 busy
-       cores, cached after), and on today's policy a placebo lifts about as much
-       (docs/prompts.md)
+       cores, cached after), and the step adds about 6 minutes with DEMO_EPISODES=40 on
+       a busy machine (docs/prompts.md)
 
 Embedded defaults only: local folders under ./nightshift-data, CPU.
 """
