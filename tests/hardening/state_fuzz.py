@@ -350,7 +350,7 @@ class Target:
         self.config.write_text(json.dumps({
             "data": str(self.data), "transform": {"settle": 0},
             "train": {"base_model": str(root / "no-model"), "served_model_name": "tiny", "output": str(self.ck)},
-            "nightly": {"vllm_url": self.server.url, "name": NAME, "stable_name": STABLE, "retries": 0,
+            "publish": {"vllm_url": self.server.url, "name": NAME, "stable_name": STABLE, "retries": 0,
                         "timeout": 5}}))
         # the CLI's parser, built once: building it costs about 0.6 s (every stage's settings' type hints),
         # which would be most of a case; main(argv) is otherwise what `nightshift` runs
