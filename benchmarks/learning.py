@@ -35,7 +35,7 @@ on arithmetic-only logs passes the gate and is worse on colour-heavy traffic.
 
 Prompt optimization (issue 27), --algorithms apo,apo+sft,apo-placebo (benchmarks/
 apo_arms.py): every arm of such a run serves the prompt-sensitive policy
-(policy.InstructSpec's defaults; --policy DIR serves a given folder). An apo
+(counterfactual.PROMPT_SENSITIVE; --policy DIR serves a given folder). An apo
 lineage's agent reaches the server through its own `nightshift route`; each night's
 `nightshift nightly` (experiments: prompts, or both for apo+sft) judges the running
 prompt canary by production reward (the watch), then proposes a candidate with the
@@ -70,6 +70,7 @@ sys.path.insert(0, str(HERE.parent / "examples" / "agent_world"))
 sys.path.insert(0, str(HERE))
 
 import apo_arms  # noqa: E402
+import counterfactual  # noqa: E402
 import evaluate  # noqa: E402
 import harness  # noqa: E402
 import loop  # noqa: E402
@@ -210,10 +211,12 @@ def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int
     elif any(apo_arms.is_apo(a) for a in algorithms):
         # APO needs a policy that reads its system prompt: every arm of this run serves it, so
         # sft here is the weights-only arm that apo+sft is compared with
-        ispec = policy.InstructSpec()
-        log("prompt-sensitive behaviour policy (policy.InstructSpec's defaults; cached after the first build)")
-        model = policy.build_instructed(cache / f"instructed-{ispec.key()}", ispec, progress=False)
-        which = f"instructed {ispec.key()} (policy.InstructSpec defaults)"
+        # The one that reads what a prompt says: InstructSpec's defaults alone also lift under a
+        # placebo line (11 points on its right first tool), which an APO figure would count.
+        cspec = counterfactual.PROMPT_SENSITIVE
+        log("prompt-sensitive behaviour policy (counterfactual.PROMPT_SENSITIVE; cached after the first build)")
+        model = counterfactual.build(cache / f"counterfactual-{cspec.key()}", cspec, progress=False)
+        which = f"counterfactual {cspec.key()} (counterfactual.PROMPT_SENSITIVE)"
     else:
         spec = policy.PolicySpec()
         log("behaviour policy (cached after the first build)")
@@ -251,23 +254,31 @@ def first_night_logs(w: World, args: argparse.Namespace) -> tuple[Path, float]:
     return first, loop.success(results)
 
 
+def night_logs(w: World, args: argparse.Namespace, data: Path, first: Path, night: int, s: int, server,
+               model) -> None:
+    """A lineage's logs for tonight: night 1's shared first logs, copied; from night 2
+    on, its own agent's episodes through `server` (a route or the model server)
+    asking for `model()` (called only then: what serves is read after night 1)."""
+    if night == 1:
+        for part in ("spans", "logs", "feedback"):
+            if (first / part).exists():
+                shutil.copytree(first / part, data / part)
+        return
+    collector = loop.start_collector(data, w.logs)
+    try:
+        res = loop.run_agent(w.python, collector, server, model(), args.episodes, seed=100 * night + s,
+                             logs=w.logs, colour_share=mix(args, night))
+        loop.post_feedback(collector, res)
+    finally:
+        collector.stop()
+
+
 def lineage_night(w: World, args: argparse.Namespace, n: Nights, first: Path, night: int, alg: str, s: int) -> None:
     """One night of one lineage: its logs (from night 2 on, its own agent's), the
     nightly job, the candidate scored whatever the gate said."""
     name = f"{alg}-s{s}"
     data = w.root / name
-    if night == 1:
-        for part in ("spans", "logs", "feedback"):
-            if (first / part).exists():
-                shutil.copytree(first / part, data / part)
-    else:
-        collector = loop.start_collector(data, w.logs)
-        try:
-            res = loop.run_agent(w.python, collector, w.route or w.server, _agent_model(w, data, name),
-                                 args.episodes, seed=100 * night + s, logs=w.logs, colour_share=mix(args, night))
-            loop.post_feedback(collector, res)
-        finally:
-            collector.stop()
+    night_logs(w, args, data, first, night, s, w.route or w.server, lambda: _agent_model(w, data, name))
     canary = {"canary": {"share": args.canary, "route_url": w.route.url}} if w.route else {}
     cfg = loop.nightly_config(data / "nightly.yaml", data, w.model, data / "checkpoints", w.server, name=name,
                               nightly={"train_window_days": 3650, **canary}, seed=s,
@@ -323,18 +334,7 @@ def apo_night(w: World, args: argparse.Namespace, n: Nights, first: Path, night:
     if name not in w.routes:
         w.routes[name] = loop.start_route(w.server, w.logs, data / "routes.json")
     route = w.routes[name]
-    if night == 1:
-        for part in ("spans", "logs", "feedback"):
-            if (first / part).exists():
-                shutil.copytree(first / part, data / part)
-    else:
-        collector = loop.start_collector(data, w.logs)
-        try:
-            res = loop.run_agent(w.python, collector, route, name if _serving_path(data) else "world-policy",
-                                 args.episodes, seed=100 * night + s, logs=w.logs, colour_share=mix(args, night))
-            loop.post_feedback(collector, res)
-        finally:
-            collector.stop()
+    night_logs(w, args, data, first, night, s, route, lambda: name if _serving_path(data) else "world-policy")
     proposer = w.proposers.get(alg)
     apo = ({"base_url": proposer.url, "model": "standin"} if proposer else
            {"base_url": args.apo_base_url, "model": args.apo_model, "api_key_env": args.apo_key_env})

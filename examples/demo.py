@@ -155,18 +155,19 @@ def _nightly(cfg: Path) -> dict | None:
 
 def prompt_optimization(python: Path, logs: Path) -> int:
     """Step 8: two nights of prompt optimization only, on their own data folder."""
+    import counterfactual
     import evaluate
     import loop
-    import policy
 
     sys.path.insert(0, str(HERE.parent / "tests"))
     from support.proposer_standin import Standin
 
     say("8/8 prompt optimization (DEMO_APO=1), as for an agent on a hosted model: the prompt-sensitive policy "
-        "(instruction-tuned on top of the behaviour policy; built once, then cached)")
-    spec = policy.InstructSpec()
-    model = policy.build_instructed(Path(os.environ.get("DEMO_POLICY_DIR") or DATA / "models" / "world-policy").parent
-                                    / f"world-instructed-{spec.key()}", spec, progress=True)
+        "(instruction-tuned on top of the behaviour policy, then taught on counterfactual twins so that "
+        "it reads what a prompt says, not how long it is; built once, then cached)")
+    spec = counterfactual.PROMPT_SENSITIVE  # reads what a prompt says, not how long it is
+    model = counterfactual.build(Path(os.environ.get("DEMO_POLICY_DIR") or DATA / "models" / "world-policy").parent
+                                 / f"world-counterfactual-{spec.key()}", spec, progress=True)
     data = DATA / "apo"
     data.mkdir(parents=True, exist_ok=True)
     server = loop.start_server(model, "world-policy", logs)
