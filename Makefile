@@ -16,7 +16,7 @@ demo: $(VENV)/.installed  ## the closed loop on a laptop: agent -> spans -> nigh
 	$(PY) examples/demo.py
 
 test: $(VENV)/.installed  ## the whole test suite
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest tests named in every CI log: the suite has a 30-minute budget
 
 bench: $(VENV)/.installed  ## every stage's benchmark: ingest, transform, train (tiny on CPU, Qwen shapes on a GPU), publish
 	$(PY) benchmarks/ingest.py
