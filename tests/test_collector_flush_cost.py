@@ -142,3 +142,49 @@ def test_a_restart_reads_the_keys_of_the_newest_files_only_within_the_budget(tmp
     assert (again_newest.spans, again_newest.duplicates) == (0, 100)
     again_oldest = flush_segment(_segment(tmp_path / "wal", 11, batches[0]), fresh)
     assert (again_oldest.spans, again_oldest.duplicates) == (100, 0)
+
+
+# --- the duplicate check's lookups --------------------------------------------------------
+
+
+def test_a_long_running_flusher_searches_a_few_merged_frames_not_one_per_segment(tmp_path):
+    """Every lookup searched one frame of keys per segment flushed within the window:
+    a sidecar flushing every 0.5 s held up to 1,200, and lookups grew to more CPU than
+    the rest of the flush. Merged as they come, 64 segments leave a handful, and a
+    resend of the first segment's spans is still found."""
+    store = DatasetStore(str(tmp_path / "data"), window_s=600.0, key_budget=16 << 20)
+    batches = [make_request(20)[0] for _ in range(64)]
+    for i, req in enumerate(batches):
+        assert flush_segment(_segment(tmp_path / "wal", i, req), store).spans == 20
+    (index,) = store._index.values()
+    assert len(index.frames) <= 8
+    again = flush_segment(_segment(tmp_path / "wal", 100, batches[0], batches[37]), store)
+    assert (again.spans, again.duplicates) == (0, 40)
+
+
+def test_merged_frames_stay_under_an_eighth_of_the_budget(tmp_path):
+    """So that past the budget the oldest keys go an eighth at a time, not half at once."""
+    store = DatasetStore(str(tmp_path / "data"), window_s=600.0, key_budget=128 * 40)  # frames of 40 keys at most
+    for i in range(16):
+        flush_segment(_segment(tmp_path / "wal", i, make_request(20)[0]), store)
+    (index,) = store._index.values()
+    assert max(len(f.h1) for f in index.frames) == 40
+
+
+def test_a_segments_own_chunks_are_merged_as_it_is_written(tmp_path):
+    """A 100k-span segment is 25 chunks: each searched all the chunks before it."""
+    store = DatasetStore(str(tmp_path / "data"))
+    reqs = [make_request(10)[0] for _ in range(32)]
+    writer = store.writer("spans", "b1")
+    from nightshift.collector.convert import SpanBuilder
+
+    for req in reqs:
+        sb = SpanBuilder()
+        sb.add_request(req, time.time_ns())
+        writer.add(sb.table(), sb.dates)
+    (pending,) = writer._pending.values()
+    assert len(pending.frames) <= 6
+    sb = SpanBuilder()
+    sb.add_request(reqs[3], time.time_ns())  # a resend inside the same segment
+    writer.add(sb.table(), sb.dates)
+    assert (writer.commit().rows, writer.stats.duplicates) == (320, 10)
