@@ -124,3 +124,34 @@ def test_the_builder_gathers_payloads_and_converts_once():
     table = sb.table()
     assert table.num_rows == sum(len(ss.spans) for r in reqs for rs in r.resource_spans for ss in rs.scope_spans)
     assert len(sb.dates) == table.num_rows
+
+
+def test_promoted_columns_pick_the_first_listed_name_then_a_rows_first_string():
+    """The promoted columns (model, provider with its old name, ...) and service.name
+    are found in one pass over the keys: same picks as span by span whatever the
+    order, repeats and types of the keys."""
+    rng = random.Random(3)
+    req = ExportTraceServiceRequest()
+    layouts = [
+        [("gen_ai.system", "old"), ("gen_ai.provider.name", "new")],  # the first listed name wins, wherever it is
+        [("gen_ai.provider.name", 7), ("gen_ai.system", "old"), ("gen_ai.provider.name", "late")],  # not a string
+        [("gen_ai.request.model", "a"), ("gen_ai.request.model", "b")],  # a row's first occurrence
+        [],
+        [("gen_ai.conversation.id", "c1"), ("gen_ai.agent.name", "agent"), ("gen_ai.operation.name", "chat")],
+    ]
+    for service in ("svc", 5, None):
+        rs = req.resource_spans.add()
+        if service is not None:
+            value = AnyValue(string_value=service) if isinstance(service, str) else AnyValue(int_value=service)
+            rs.resource.attributes.append(KeyValue(key="service.name", value=value))
+        ss = rs.scope_spans.add()
+        for attrs in layouts:
+            span = ss.spans.add()
+            span.CopyFrom(cases._base_span(rng))
+            for key, v in attrs:
+                value = AnyValue(string_value=v) if isinstance(v, str) else AnyValue(int_value=v)
+                span.attributes.append(KeyValue(key=key, value=value))
+    ref, _, conv = _both([_valid(req)], [1_700_000_000_000_000_000])
+    _same(ref, conv.table)
+    assert conv.table["gen_ai_provider_name"].to_pylist()[:2] == ["new", "late"]
+    assert conv.table["service_name"].to_pylist()[::5] == ["svc", None, None]
