@@ -215,7 +215,8 @@ def _prompt_route(args: argparse.Namespace) -> dict:
             got = {"agent": args.agent or folder.resolve().parent.name, "model": args.model or man.get("model") or "",
                    "match": man["parent"]["system_hash"], "candidate": man["candidate"]["system_hash"],
                    "system": man["candidate"]["system"], "match_system": _parent_template(folder,
-                                                                                         man["parent"]["system_hash"])}
+                                                                                         man["parent"]["system_hash"]),
+                   "version": man["candidate"].get("version_id") or ""}
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SettingsError(f"--from {folder}: not a stored prompt candidate ({type(e).__name__}: {e})") from None
     elif args.text_file:
@@ -249,7 +250,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
         got = _prompt_route(args)
         return [_line(client.set_prompt(got["match"], got["candidate"], got["system"], args.share,
                                         agent=got["agent"] or "", model=got["model"] or "",
-                                        match_system=got.get("match_system")))]
+                                        match_system=got.get("match_system"), version=got.get("version") or ""))]
 
     return _control(args, put)
 

@@ -5,13 +5,20 @@ same mSPRT on trajectory rewards, the same `min_trajectories` and the same
 changed, the weights or the prompt. One difference: a prompt is promoted only when
 shown better, never for being no worse than the margin (`prompt_action`).
 
-The two arms come from the lake. The route marks the candidate's answers, and the
-build turns the mark into the transition's `prompt_seen` (transform/attribution.py):
-a trajectory is in the candidate's arm when the agent's first call in it saw the
-candidate's prompt version; in the serving arm when the model saw the agent's own
+The two arms come from the lake. The route marks the candidate's answers with the
+id the trial gave it (`marked_as`, the trial's `version_id`, sent with the route),
+and the build turns the mark into the transition's `prompt_seen`
+(transform/attribution.py): a trajectory is in the candidate's arm when the agent's
+first call in it carries exactly that id, so another agent's trial, or a promoted
+prompt on another of this agent's prompts, never counts here. Trials recorded
+before the route was given the id (no `marked_as`) are read as they were then
+(`arms`). A trajectory is in the serving arm when the model saw the agent's own
 prompt, the one the route matches (its system id, per-request data folded, as
 `prompts.versions.assign` names every call's version), over the same hours (from
-the candidate's first call on, by the agents' clock). A trajectory's reward is its
+the candidate's first call on, by the agents' clock). The route leaves the serving
+arm's answers unmarked on purpose: a mark sets `prompt_seen`, and a row with one is
+kept out of training and export (trainer/select.py, transform/export.py) as answered
+to a prompt its row does not hold, which the serving arm's rows are not. A trajectory's reward is its
 outcome over every agent's calls, what `nightshift versions` and `nightshift
 prompts` count.
 
@@ -54,12 +61,14 @@ def arms(rows: pl.DataFrame, outcomes: pl.DataFrame, trial: dict) -> tuple[list[
                    pl.col("start_time").min().alias("start"))
               .join(outcomes.select("trajectory_id", "reward"), on="trajectory_id", how="left"))
     started = dt.datetime.fromisoformat(trial["time"].replace("Z", "+00:00"))
-    cand = firsts.filter(pl.col("seen") == trial["version_id"])
-    if cand.is_empty():
-        # the route's mark is the id of the candidate's text with the REQUEST's tools; the lake knows
-        # an agent whose spans record no tools (openai-v2) without them, so no mark is the candidate's
-        # version_id. One trial per agent at a time, and none beside a promoted prompt: from the
-        # trial's start on, a mark on this agent's trajectories is this trial's candidate
+    cand = firsts.filter(pl.col("seen") == (trial.get("marked_as") or trial["version_id"]))
+    if cand.is_empty() and not trial.get("marked_as"):
+        # A trial recorded before the route was given the id to mark with (no `marked_as`): its
+        # route marked the candidate's text with the REQUEST's tools, and the lake knows an agent
+        # whose spans record no tools (openai-v2) without them, so no mark is the candidate's
+        # version_id. Read as then: from the trial's start on, a mark on this agent's trajectories
+        # is this trial's candidate (sound while the agent has no other marked prompt: a promoted
+        # one on another of its prompts would count here too, which `marked_as` trials cannot)
         cand = firsts.filter(pl.col("seen").is_not_null() & (pl.col("start") >= started))
     first = cand["start"].min()
     if first is None:

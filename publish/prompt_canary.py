@@ -13,7 +13,11 @@ prompt trial's evidence already lives.
 
 The record is a list of entries, in order, one `agent` each:
 - `canary`: a candidate started on a share (`match`, `candidate` its system id,
-  `version_id` the prompt version the model sees, `version` its vNNNN, `share`);
+  `version_id` the prompt version the model sees, `version` its vNNNN, `share`;
+  `marked_as`, the id the route marks the candidate's answers with: `version_id`,
+  sent with the route, so the watch finds the arm by the trial's own id. An entry
+  without it is from before the route was given the id, and its marks are read as
+  they were then, judge/prompt_watch.py `arms`);
 - `canary_end`: that trial ended, `outcome` `promoted`, `stopped` or `expired`,
   with why (a promoted prompt stays on the route at share 1.0);
 - `retired`: a promoted prompt no longer applies, because the agent's own prompt
@@ -262,12 +266,12 @@ def start(store: str, candidate, client: RouteClient, share: float, *, agent: st
     entry = _ahead(store, "start", {
         "role": "canary", "agent": agent, "match": match, "candidate": cand, "version_id": version_id,
         "parent_version_id": man["parent"].get("version_id"), "version": candidate.version, "path": candidate.path,
-        "share": share, "route": client.url, "model": model or man.get("model") or "", "match_system": match_system},
-        storage_options)
+        "share": share, "route": client.url, "model": model or man.get("model") or "", "match_system": match_system,
+        "marked_as": version_id}, storage_options)
     hit("prompt_start.pending")
     try:
         client.set_prompt(match, cand, system, share, agent=agent, model=model or man.get("model") or "",
-                          match_system=match_system)
+                          match_system=match_system, version=version_id)
     except RouteError as e:
         _drop(store, storage_options)
         raise TrialError(f"the route at {client.url} refused prompt candidate {candidate.version} of {agent!r}: "
@@ -297,7 +301,7 @@ def _parent_texts(candidate, match: str, storage_options: dict | None) -> list[s
 
 def _ended(trial: dict, **extra) -> dict:
     keep = ("agent", "match", "candidate", "version_id", "parent_version_id", "version", "path", "route", "model",
-            "match_system")
+            "match_system", "marked_as")
     return {**{k: trial.get(k) for k in keep}, "started": trial["time"], **extra}
 
 
@@ -328,7 +332,8 @@ def promote(store: str, trial: dict, client: RouteClient, system: str | list[str
     hit("prompt_promote.pending")
     try:
         client.set_prompt(trial["match"], trial["candidate"], system, 1.0, agent=trial["agent"],
-                          model=trial.get("model") or "", match_system=trial.get("match_system"))
+                          model=trial.get("model") or "", match_system=trial.get("match_system"),
+                          version=trial.get("version_id") or "")
     except RouteError as e:
         _drop(store, storage_options)
         raise TrialError(f"the route at {client.url} did not take prompt candidate {trial.get('version')} of "

@@ -68,14 +68,17 @@ class RouteClient:
         return self._call("PUT", self._path(name), body)["route"]
 
     def set_prompt(self, match: str, candidate: str, system: str | list[str], share: float, *, agent: str = "",
-                   model: str = "", match_system: list[str] | None = None) -> dict:
+                   model: str = "", match_system: list[str] | None = None, version: str = "") -> dict:
         """Put a prompt candidate on a share of the conversations whose system prompt is
         `match` (its system id); the route as stored. `system` is the candidate's text,
-        checked by the proxy against `candidate` (its system id)."""
+        checked by the proxy against `candidate` (its system id); `version`, the id its
+        rewritten answers are marked with (the trial's version_id)."""
         body = {"kind": "prompt", "candidate": candidate, "system": system, "share": share, "agent": agent,
                 "model": model}
         if match_system is not None:
             body["match_system"] = match_system
+        if version:
+            body["version"] = version
         return self._call("PUT", self._path(prompt_name(match)), body)["route"]
 
     def delete(self, name: str) -> dict | None:

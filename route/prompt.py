@@ -21,7 +21,9 @@ logged once per route and reason: an agent's request is never refused for a tria
 The candidate's answer is marked: `+p:<version id>` is appended to the `model`
 the upstream answered with (`mark.py`), which every instrumentation records as the
 response model, so the build knows which prompt the model saw even when the agent
-sends no `traceparent` (docs/prompts.md, "Attribution").
+sends no `traceparent` (docs/prompts.md, "Attribution"). The id is the one the
+route was given with the candidate (`Route.version`: the trial's own), so the
+watch joins marks and trials on one id by construction.
 """
 
 from __future__ import annotations
@@ -215,8 +217,16 @@ class PromptRouter:
                  "for this route; counted in nightshift_route_prompt_skipped)", m.name, reason)
 
     def version(self, route: Route, body: Body) -> str:
-        """The id of the prompt version the model sees: the candidate's texts with the
-        request's tools, as `nightshift prompts` names it."""
+        """The id a rewritten answer is marked with: the prompt version the route
+        applies (`route.version`, the trial's `version_id`, sent with the route), so
+        that the watch finds the trial's arm by that id and nothing else. The lake names
+        a version by the tools the agent's spans record, which may be none (openai-v2),
+        while the request carries them: a mark computed here from the request could then
+        never be the trial's id. A route PUT without a version (before issue 27's
+        attribution fix) is marked as it was: the candidate's texts with the request's
+        tools."""
+        if route.version:
+            return route.version
         spans = body.spans.get("tools") or []
         raw = body.text[spans[0][0]:spans[0][1]] if len(spans) == 1 else ""
         key = (route.candidate or "", raw)

@@ -27,7 +27,7 @@ from nightshift.schemas.prompt_identity import ID_LENGTH, system_id
 from nightshift.storage import write_atomic
 
 FIELDS = ("serving", "candidate", "share")
-PROMPT_FIELDS = ("kind", "agent", "model", "match_system", "candidate", "system", "share")
+PROMPT_FIELDS = ("kind", "agent", "model", "match_system", "candidate", "system", "share", "version")
 PROMPT_PREFIX = "prompt:"
 MAX_PROMPT_CHARS = 256 * 1024  # a system prompt past this is not one a proposer wrote
 FORMAT = 1
@@ -52,6 +52,9 @@ class Route:
     model: str = ""
     match_system: tuple[str, ...] = ()
     system: tuple[str, ...] = ()
+    # the prompt version id the route applies (the trial's `version_id`): what a rewritten answer is
+    # marked with; "" for a route PUT without one, whose marks the proxy computes (`PromptRouter.version`)
+    version: str = ""
 
     def public(self, name: str) -> dict:
         d = asdict(self)
@@ -100,7 +103,7 @@ def _texts(value: object, what: str, problems: list[str]) -> tuple[str, ...]:
 
 def parse_prompt(name: str, body: dict) -> Route:
     """A prompt route from a PUT body {"kind": "prompt", "candidate", "system", "share",
-    and optionally "agent", "model", "match_system"} for the name `prompt:<match>`."""
+    and optionally "agent", "model", "match_system", "version"} for the name `prompt:<match>`."""
     problems = []
     match = name[len(PROMPT_PREFIX):] if name.startswith(PROMPT_PREFIX) else ""
     if not _ID.fullmatch(match):
@@ -135,9 +138,13 @@ def parse_prompt(name: str, body: dict) -> Route:
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share) \
             or not 0.0 <= share <= 1.0:
         problems.append(f"share must be a number in [0, 1] (the candidate's share of conversations), got {share!r}")
+    version = body.get("version") or ""
+    if not isinstance(version, str) or (version and not _ID.fullmatch(version)):
+        problems.append(f"version must be the {ID_LENGTH}-hex id of the prompt version the trial judges (its "
+                        f"manifest's candidate.version_id), got {str(version)[:40]!r}")
     if problems:
         raise TableError("; ".join(problems))
-    return Route(match, candidate, float(share), time.time(), "prompt", agent, model, templ, system)
+    return Route(match, candidate, float(share), time.time(), "prompt", agent, model, templ, system, version)
 
 
 def parse(name: str, body: object) -> Route:
