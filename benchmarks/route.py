@@ -196,6 +196,9 @@ def parse_args() -> argparse.Namespace:
                     "candidate on SHARE of the conversations (default: none)")
     ap.add_argument("--baseline", metavar="DIR", help="also run another checkout's proxy (a worktree of an earlier "
                     "commit), alternating with this one in every round")
+    ap.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE", help="an environment "
+                    "setting of the baseline's proxy only, e.g. --baseline /work/main --baseline-env "
+                    "NIGHTSHIFT_ROUTE_LOOP=asyncio: this checkout on asyncio's loop in the same rounds")
     ap.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -251,6 +254,7 @@ def start_proxy(args: argparse.Namespace, tmp: Path, up_port: int, baseline: str
         (tmp / "pp").mkdir()
         (tmp / "pp" / "nightshift").symlink_to(Path(baseline).resolve())
         env["PYTHONPATH"] = os.pathsep.join([str(tmp / "pp"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env.update(kv.split("=", 1) for kv in args.baseline_env)
     proxy = subprocess.Popen([sys.executable, "-m", "nightshift.cli.route_cmd", "route", "--listen",
                               f"127.0.0.1:{proxy_port}", "--upstream", f"http://127.0.0.1:{up_port}"],
                              env=env, stderr=open(f"{tmp}/{name}.log", "wb"))
@@ -304,6 +308,7 @@ class Proxied:
     cpu: float = 0.0
     others: float = 0.0
     rss_mib: float = float("nan")
+    loop: str = "asyncio"  # the event loop its start-up line names (older proxies name none: asyncio)
 
 
 @dataclass
@@ -349,6 +354,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> Measured:
         m = asyncio.run(bench(args, up_port, [port for _, port in proxies], procs))
         for p, (proc, _) in zip(m.proxies, proxies):
             p.rss_mib = peak_rss_mib(proc.pid)
+            said = re.search(r"event loop: ([^;)]+)", (tmp / f"{p.name.replace('proxied', 'proxy')}.log").read_text(
+                errors="replace"))
+            p.loop = said.group(1) if said else p.loop
         return m
     finally:
         stop(*(p for p, _ in proxies), upstream)
@@ -383,7 +391,7 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
         lines += [
             f"  {who}overhead: " + ", ".join(f"{k} {v:+.2f} ms" for k, v in over.items()),
             f"  {who or 'proxy '}CPU: {1000 * p.cpu / len(p.xs):.3f} ms per proxied request (its process only: "
-            f"{p.cpu:.2f} CPU-s for {len(p.xs)} requests), peak RSS {p.rss_mib:.0f} MiB",
+            f"{p.cpu:.2f} CPU-s for {len(p.xs)} requests), peak RSS {p.rss_mib:.0f} MiB, event loop {p.loop}",
             f"  others on this machine during the {who}proxied rounds: {p.others:.2f} CPU-s "
             f"({100 * p.others / p.secs / os.cpu_count():.0f} % of the CPUs)",
             f"  {who}p99 overhead at {args.streams} streams: {worst:.2f} ms ({T_OVERHEAD.check(worst)})",
