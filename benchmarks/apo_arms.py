@@ -5,9 +5,11 @@ of `nightshift nightly`, the proposers they call, and what serves on the route.
                  model): one APO round a night against the stand-in proposer, its
                  candidate on a share of the agent's conversations through the
                  lineage's own `nightshift route`, promoted or stopped by the watch
-    apo+sft      nightly.experiments: both, on the one agent: nightly runs the prompt
-                 stage first; while a prompt canary is judged, the adapter trained
-                 that night is held back (never two experiments on one agent)
+    apo+sft      nightly.experiments: both, on the one agent: the two kinds take turns
+                 (nightly/experiments.py: the prompt first on a fresh agent, then the
+                 kind that did not go last, the other when that one has nothing to
+                 try); while a prompt canary is judged no adapter is trained or
+                 published (never two experiments on one agent)
     apo-placebo  the `apo` pipeline with a proposer that appends two lines in the
                  stand-in's own frame and length that say nothing about the task:
                  what `apo` gains beyond it is what the failures said, not a longer

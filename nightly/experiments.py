@@ -8,14 +8,22 @@ Both experiments end in a canary judged by the watch; two canaries on one agent
 at once (its prompt on the route and the adapter it calls) would each be judged
 against a baseline the other one moves, so a second is refused and the report
 says which one waits and why.
+
+An agent on `both` takes turns (`turn`): when neither of its experiments runs,
+the kind that did not go last goes, and the other goes instead when that one has
+nothing to try tonight. Which went last is read from the records the two kinds
+already keep (the trials record, the registry), so a crash or a resume cannot
+lose it; a prompt that always went first would hold every adapter back.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass
 
 from nightshift.publish import prompt_canary as trials
+from nightshift.publish import registry
 from nightshift.route.client import RouteClient
 from nightshift.settings import setting
 
@@ -47,6 +55,81 @@ def trains_weights(default: str, agents: dict) -> bool:
     return wants(default, "weights") or any(wants(str(k), "weights") for k in agents.values())
 
 
+#: What a fresh agent on `both` tries first. The prompt: its trial is the slower
+#: to judge (the watch needed 2 nights of 200 conversations at a 50 % share to
+#: promote the stand-in's candidate; an adapter's +30 points showed after one), and
+#: its proposer reads the failures of what serves: proposed after an adapter has
+#: taken the agent near the world's ceiling, a candidate has few failures to read
+#: and a lift too small to tell within its trial. An adapter loses nothing by
+#: waiting when it trains on a window that holds the waiting nights' logs
+#: (nightly.train_window_days).
+FIRST = "prompts"
+
+
+@dataclass
+class Turn:
+    """Whose turn it is on one agent on `both`, and why, in words for the report."""
+
+    kind: str  # "weights" or "prompts"
+    why: str
+
+
+def _when(entry: dict) -> dt.datetime:
+    try:
+        t = dt.datetime.fromisoformat(str(entry.get("time")))
+    except ValueError:  # the records' readers check their entries; an odd time counts as the oldest
+        return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def last_started(agent: str, trial_entries: list[dict], registry_entries: list[dict], endpoint: str,
+                 name: str) -> tuple[str, str, dt.datetime] | None:
+    """The experiment last put in front of `agent`: ("prompts" | "weights", its
+    version, when), or None when neither ever was. An adapter's start is its first
+    entry in the registry (a canary's start, or a publication): a promotion repeats
+    the version and a rollback starts nothing."""
+    prompt = [e for e in trial_entries if e["agent"] == agent and e["role"] == "canary"]
+    seen: set[str] = set()
+    adapters = []
+    for e in registry.lane(registry_entries, endpoint, name):
+        version = str(e.get("version"))
+        if e.get("role") == "canary_end" or e.get("rollback_of") or version in seen:
+            continue
+        seen.add(version)
+        adapters.append(e)
+    last = [(_when(e), kind, str(e.get("version"))) for kind, es in (("weights", adapters), ("prompts", prompt))
+            for e in es[-1:]]
+    if not last:
+        return None
+    when, kind, version = max(last, key=lambda x: (x[0], x[1] == "prompts"))
+    return kind, version, when
+
+
+def turn(agent: str, trial_entries: list[dict], registry_entries: list[dict], endpoint: str, name: str) -> Turn:
+    """Which kind goes tonight on an agent on `both` with no experiment running: the
+    one that did not go last (a fresh agent: `FIRST`)."""
+    last = last_started(agent, trial_entries, registry_entries, endpoint, name)
+    if last is None:
+        return Turn(FIRST, "nothing was tried on it yet: the prompt goes first")
+    kind, version, when = last
+    what = f"prompt candidate {version}" if kind == "prompts" else f"adapter {version}"
+    return Turn("weights" if kind == "prompts" else "prompts", f"{what} went last, on {when:%Y-%m-%d %H:%M}")
+
+
+def turns(agent_names: list[str], default: str, agents: dict, store: str, registry_entries: list[dict],
+          endpoint: str, name: str, adapter_canary: dict | None) -> dict[str, Turn]:
+    """Tonight's turn of every agent on `both` that has no experiment running (an
+    agent with one waits for its verdict, and has no turn)."""
+    mine = [a for a in agent_names if kind_of(a, default, agents) == "both"]
+    if not mine or adapter_canary is not None:
+        return {}
+    try:
+        entries = trials.read(store)
+    except trials.TrialError:  # optimize_prompts says it, and starts nothing
+        return {}
+    return {a: turn(a, entries, registry_entries, endpoint, name) for a in mine if not trials.running(entries, a)}
+
+
 def weights_held_by(store: str, default: str, agents: dict) -> str:
     """Why a new adapter may not be published tonight ("" when it may): a prompt
     canary runs on an agent that also gets weight training, and a new adapter would
@@ -65,17 +148,21 @@ def weights_held_by(store: str, default: str, agents: dict) -> str:
 
 
 def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str, route_token: str,
-                     share: float, adapter_canary: dict | None) -> list[str]:
+                     share: float, adapter_canary: dict | None, tonight: dict[str, Turn] | None = None,
+                     only: list[str] | None = None) -> list[str]:
     """For each agent on prompt optimization: one APO round (propose, then screen with
     `apo.gate.command` when set), and the best candidate that passed on the route as
     a prompt canary. `table`: every agent's prompt versions (`prompts.versions.by_agent`).
-    Each agent's failure is said and the others go on."""
+    `tonight`: the turns of the agents on `both` (`turns`): one whose turn is the
+    adapter's waits. `only`: these agents alone (the ones that waited, when the
+    adapter had nothing to try). Each agent's failure is said and the others go on."""
     from nightshift.prompts.client import ProposerError
     from nightshift.judge.screen import screener
     from nightshift.prompts.propose import ApoError, propose
 
     out: list[str] = []
-    mine = [a.agent for a in table if wants(kind_of(a.agent, default, agents), "prompts")]
+    mine = [a.agent for a in table if wants(kind_of(a.agent, default, agents), "prompts")
+            and (only is None or a.agent in only)]
     if not mine:
         return out
     if not route_url:
@@ -110,6 +197,12 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
             out.append(f"{agent}: refused a prompt canary: adapter canary {adapter_canary.get('version')} is being "
                        "judged on the model it calls; one experiment per agent at a time")
             continue
+        t = (tonight or {}).get(agent)
+        if t is not None and t.kind == "weights":
+            out.append(f"{agent}: the adapter's turn tonight ({t.why}); the prompt waits unless the adapter has "
+                       "nothing to try")
+            continue
+        turn_why = f" (the prompt's turn: {t.why})" if t is not None else ""
         try:
             rnd = propose(apo_cfg, agent, table=table, screen=screener(apo_cfg))
         except (ApoError, ProposerError, OSError, ValueError) as e:  # its own sentence each
@@ -127,7 +220,7 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
             out.append(f"{agent}: prompt candidate {pick.version} not started: {e}")
             continue
         out.append(f"{agent}: prompt candidate {pick.version} ({pick.version_id}) on {100 * share:.0f} % of its "
-                   f"conversations (of {len(rnd.stored)} proposed)")
+                   f"conversations (of {len(rnd.stored)} proposed){turn_why}")
     return out
 
 

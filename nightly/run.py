@@ -48,7 +48,7 @@ from .experiments import KINDS, PromptTrialSettings
 log = logging.getLogger("nightshift.nightly")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_LOCKED = 0, 1, 2, 75
-STAGES = ("build", "prompts", "train", "gate", "publish", "report", "done")
+STAGES = ("build", "prompts", "train", "gate", "publish", "fallback", "report", "done")
 FAULT_ENV = "NIGHTSHIFT_FAULT_KILL_AFTER"  # fault injection for tests and drills: SIGKILL after a stage's work
 
 
@@ -174,7 +174,7 @@ def state_problem(state) -> str | None:
     if state.get("version") is not None and (not isinstance(state["version"], str) or "/" in state["version"]):
         return "has a 'version' that is not a version folder's name"
     for key in ("build", "watch", "train", "gate_lines", "publish_lines", "versions", "prompt_watch", "prompts",
-                "prompt_versions"):
+                "prompt_versions", "deferred"):
         value = state.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(x, str) for x in value)):
             return f"has {key!r} that is not a list of lines"
@@ -273,20 +273,57 @@ def _watch_prompts(data: str, store: str, checkpoints: str, n: NightlyConfig) ->
     return out
 
 
-def _prompt_stage(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -> None:
-    """Prompt optimization for the agents on it, and reward by prompt version for the report."""
-    from nightshift.prompts.versions import by_agent, lines
+def _prompt_table(apo_cfg, state: dict, key: str):
+    """Every agent's prompt versions, or None with the reason said under `key`."""
+    from nightshift.prompts.versions import by_agent
 
     try:
-        table = by_agent(apo_cfg.data, apo_cfg.since, apo_cfg.storage_options,
-                         min_trajectories=apo_cfg.min_trajectories)
+        return by_agent(apo_cfg.data, apo_cfg.since, apo_cfg.storage_options, min_trajectories=apo_cfg.min_trajectories)
     except Exception as e:  # noqa: BLE001 - no transitions yet, a lake it cannot read: said, not fatal
-        state["prompts"] = [f"prompt optimization: the prompt versions could not be read: {e}"]
+        state[key] = [*state.get(key, []), f"prompt optimization: the prompt versions could not be read: {e}"]
+        return None
+
+
+def _prompt_stage(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -> None:
+    """Prompt optimization for the agents on it, and reward by prompt version for the
+    report. An agent on `both` whose turn tonight is the adapter's waits, named in
+    `state["deferred"]`: saved with the stage, the decision outlives a crash, and
+    the fallback stage gives it its prompt round if the adapter has nothing to try."""
+    from nightshift.prompts.versions import lines
+
+    table = _prompt_table(apo_cfg, state, "prompts")
+    if table is None:
         return
     state["prompt_versions"] = lines(table, apo_cfg.min_trajectories)
     trial = _canary(checkpoints, n) if n.publish else None
-    state["prompts"] = experiments.optimize_prompts(
-        apo_cfg, table, n.experiments, n.agents, n.canary.route_url, n.canary.route_token, n.prompts.share, trial)
+    tonight = experiments.turns([a.agent for a in table], n.experiments, n.agents, apo_cfg.store(),
+                                registry.read(checkpoints), n.vllm_url, n.name, trial)
+    state["deferred"] = sorted(a for a, t in tonight.items() if t.kind == "weights")
+    out = experiments.optimize_prompts(apo_cfg, table, n.experiments, n.agents, n.canary.route_url,
+                                       n.canary.route_token, n.prompts.share, trial, tonight)
+    started = {a for a in tonight if any(x.startswith(f"{a}: prompt candidate ") and "% of its conversations" in x
+                                    for x in out)}
+    out += [f"{a}: the prompt's turn had nothing to try tonight: the adapter may go instead"
+            for a, t in sorted(tonight.items()) if t.kind == "prompts" and a not in started]
+    state["prompts"] = out
+
+
+def _prompt_fallback(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -> None:
+    """The agents that waited for the adapter's turn get their prompt round when the
+    adapter had nothing to try tonight (nothing to train on, the gate held it, a
+    prompt canary on another agent held it, the route refused it)."""
+    waited = state.get("deferred") or []
+    if not waited or state.get("published"):
+        return
+    why = state.get("outcome") or "no adapter was published"
+    state["prompts"] = [*state.get("prompts", []), *(f"{a}: the adapter had nothing to try tonight ({why}): the "
+                                                     "prompt goes instead" for a in waited)]
+    table = _prompt_table(apo_cfg, state, "prompts")
+    if table is None:
+        return
+    trial = _canary(checkpoints, n)
+    state["prompts"] += experiments.optimize_prompts(apo_cfg, table, n.experiments, n.agents, n.canary.route_url,
+                                                     n.canary.route_token, n.prompts.share, trial, only=waited)
 
 
 def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,
@@ -354,6 +391,15 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 state["outcome"] = (f"canary {trial['version']} is still being judged (see the watch): no new "
                                     "candidate tonight")
                 next_stage = "report"
+            else:
+                # an adapter that could not be published tonight is not trained: the next night's trains
+                # on these logs too (within its window), from what serves then
+                held = experiments.weights_held_by(apo_cfg.store(), n.experiments, n.agents) if (
+                    n.publish and _prompting(n)) else ""
+                if held:
+                    state["outcome"] = f"no adapter trained tonight: {held}"
+                    next_stage = "fallback"
+            _fault("prompts")
             state["stage"] = next_stage
             _save(state_dir, state)
 
@@ -381,7 +427,7 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 except TrainDataError as e:
                     state["train"] = [str(e)]
                     state["outcome"] = f"nothing new to train on: {e}"
-                    next_stage = "report"
+                    next_stage = "fallback"
             state["version"] = version
             state["init_adapter"] = tcfg.init_adapter or None
             _fault("train")
@@ -409,7 +455,7 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 state["outcome"] = f"trained {state['version']}; the gate passed it; not published: {held}"
                 passed = False
             _fault("gate")
-            state["stage"] = "publish" if passed and n.publish else "report"
+            state["stage"] = "publish" if passed and n.publish else "fallback"
             if passed and not n.publish:
                 state["outcome"] = f"trained {state['version']}; the gate passed it; publishing is off"
             _save(state_dir, state)
@@ -443,6 +489,12 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 state["outcome"] = (f"published {state['version']} as a canary ({100 * n.canary.share:.0f} % of "
                                     "conversations)" if n.canary.share > 0 else f"published {state['version']}")
             _fault("publish")
+            state["stage"] = "fallback"
+            _save(state_dir, state)
+
+        if state["stage"] == "fallback":
+            if n.publish and _prompting(n):
+                _prompt_fallback(n, apo_cfg, checkpoints, state)
             state["stage"] = "report"
             _save(state_dir, state)
 

@@ -28,9 +28,9 @@ PROMPT = "Use one tool, then reply: The answer is X."
 TOOL_ERROR = "error: calculator cannot read a colour question"
 
 
-def _spans(data: Path, n: int, prefix: str) -> None:
+def _spans(data: Path, n: int, prefix: str, error: str = TOOL_ERROR) -> None:
     """An agent whose failed runs called the calculator on a colour question (the tool
-    said so); one reward per run."""
+    said so, in `error`); one reward per run."""
     traces = []
     for i in range(n):
         t = Trace(f"{prefix}{i}")
@@ -42,7 +42,7 @@ def _spans(data: Path, n: int, prefix: str) -> None:
                 {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "calculator" if fail else
                                                  "lookup", "arguments": {}}]},
                 {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1",
-                                            "response": TOOL_ERROR if fail else "result: red"}]}]
+                                            "response": error if fail else "result: red"}]}]
         t.span("chat m1", genai_call("go on", "The answer is zero." if fail else "The answer is red.", history=hist),
                parent=root, start=1, end=2)
         t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
