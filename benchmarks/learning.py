@@ -106,6 +106,9 @@ def nightly(cfg: Path, logs: Path) -> dict:
     p = subprocess.run([sys.executable, "-m", "nightshift.cli", "nightly", "--config", str(cfg), "--quiet"],
                        capture_output=True, text=True, timeout=3600)
     (logs / f"nightly-{cfg.parent.name}-{time.time():.0f}.log").write_text(p.stdout + p.stderr)
+    stale = [line for line in p.stderr.splitlines() if " is deprecated: " in line]
+    if stale:  # loop.nightly_config writes each key in its home: a line here is a setting left behind
+        log(f"  nightly printed {len(stale)} deprecation line(s), the first: {stale[0]}")
     if p.returncode != 0:
         raise RuntimeError(f"nightly failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     state = json.loads((cfg.parent / "checkpoints" / ".nightly" / "state.json").read_text())

@@ -34,3 +34,24 @@ def test_the_apo_arm_runs_a_night_and_reports_the_serving_prompt(tmp_path, world
     assert "apo: best gain over the base prompt within 1 night(s)" in out
     route = (tmp_path / "w" / "apo-s0" / "routes.json").read_text()
     assert '"kind": "prompt"' in route and '"share": 0.5' in route
+
+
+def test_the_worlds_nightly_config_gives_the_publishing_keys_under_publish(tmp_path):
+    """examples/agent_world/loop.py's settings file (the demo's and the benchmark's):
+    the publishing keys under `publish:`, so no nightly prints deprecation lines."""
+    sys.path.insert(0, str(ROOT / "examples" / "agent_world"))
+    import loop
+
+    from nightshift.nightly.run import NightlyConfig
+    from nightshift.publish.publish import MOVED
+    from nightshift.settings import load
+
+    server = loop.Service(None, "http://127.0.0.1:9", tmp_path / "serve.log")
+    cfg = loop.nightly_config(tmp_path / "n.yaml", tmp_path / "data", tmp_path / "policy", tmp_path / "ck", server,
+                              name="apo-sft-s0", nightly={"experiments": "both", "keep": 3,
+                                                          "canary": {"route_url": "http://127.0.0.1:9"}})
+    notes: list[str] = []
+    n = load(NightlyConfig, "nightly", str(cfg), {}, env={}, moved=MOVED, notes=notes)
+    assert notes == []
+    assert (n.vllm_url, n.name, n.stable_name, n.keep, n.experiments) == ("http://127.0.0.1:9", "apo-sft-s0",
+                                                                          "apo-sft-s0", 3, "both")

@@ -158,8 +158,14 @@ def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, serv
     > 0 makes the world's own checker (gate_check.py: fresh tasks against the
     candidate as the server serves it) the gate's `command`, as a team would
     wire its own evaluation. `apo`: the `apo:` section (the proposer, for agents on
-    prompt optimization: nightly.experiments prompts or both)."""
+    prompt optimization: nightly.experiments prompts or both). The publishing keys
+    (`nightly` may carry some too) go under `publish:`, their home, which the
+    nightly job reads without the deprecation lines it prints for them under
+    `nightly:`."""
     import world
+    from nightshift.publish.publish import MOVED
+
+    given = nightly or {}
 
     tools = path.parent / "agent-tools.json"  # what the agent offers: its spans do not record it
     tools.write_text(json.dumps(world.TOOLS, indent=2))
@@ -169,12 +175,15 @@ def nightly_config(path: Path, data: Path, policy: Path, checkpoints: Path, serv
         "train": {"base_model": str(policy), "served_model_name": "world-policy", "output": str(checkpoints),
                   "algorithm": "sft", "learning_rate": 5e-3, "epochs": 6, "batch_size": 16, "eval_fraction": 0.2,
                   "tensorboard": False, "sft": {"threshold": 0.5}, "tools_fallback": str(tools), **train},
-        "nightly": {"vllm_url": server.url, "name": name, "stable_name": name, "keep": 2,
-                    # a night's demo logs are small: a 95 % bound on 30 held-out episodes blocks
-                    # even good candidates, so the world asks the gate for 80 % confidence; and
-                    # 96 generation samples (with 48, good candidates' validity moved 2-6 points
-                    # by chance, against a 5-point margin)
-                    "gate": {"samples": 96, "ranking_confidence": 0.8}, **(nightly or {})},
+        "publish": {"vllm_url": server.url, "name": name, "stable_name": name, "keep": 2,
+                    **{k: v for k, v in given.items() if k in MOVED.keys}},
+        "nightly": {
+            # a night's demo logs are small: a 95 % bound on 30 held-out episodes blocks
+            # even good candidates, so the world asks the gate for 80 % confidence; and
+            # 96 generation samples (with 48, good candidates' validity moved 2-6 points
+            # by chance, against a 5-point margin)
+            "gate": {"samples": 96, "ranking_confidence": 0.8},
+            **{k: v for k, v in given.items() if k not in MOVED.keys}},
     }
     if apo:
         cfg["apo"] = {"data": str(data), **apo}
