@@ -127,27 +127,56 @@ def parquet_tradeoff(templates: list[Template], chunk_rows: int = 1536) -> list[
 
 
 #: What `flusher_alone` runs in a fresh process: the flusher's imports and
-#: allocator, one small segment to build the converter, then the measured one.
+#: allocator, one small segment to build the converter, then the measured one;
+#: then, for each running sidecar in `_STEADY`, a 25k-span segment of new ids into
+#: a store whose duplicate check holds what that sidecar's holds: the collector's
+#: default budget of keys (collector.dedup_memory), from that many flushes.
+#: The peak is the process's VmHWM: its ru_maxrss is at least the RSS of the
+#: benchmark process that started it (Linux carries the high-water mark across
+#: fork and exec), which is where the 257 and 681 MiB "flusher" peaks of earlier
+#: runs came from (a 500 MiB parent gives a 11 MiB child a ru_maxrss of 511 MiB).
 _ALONE = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
+import numpy as np
 from nightshift.collector import flusher_process
 sys.meta_path.insert(0, flusher_process._WithoutPandas())
+from nightshift.collector.config import CollectorConfig
 from nightshift.collector.datasets import DatasetStore
 from nightshift.collector.flusher import _release, flush_segment
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
-warm, seg, data = sys.argv[1:4]
-store = DatasetStore(data, window_s=600.0)
+def peak_rss():  # this process's own high-water mark; ru_maxrss keeps the parent's across fork and exec
+    return next(int(line.split()[1]) / 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+warm, seg, steady_seg, data = sys.argv[1:5]
+cfg = CollectorConfig()
+store = DatasetStore(data + "/fresh", window_s=cfg.dedup_window, key_budget=cfg.dedup_memory)
 imports = rss()
 flush_segment(Path(warm), store)
 _release()
 t0 = time.process_time()
 spans = flush_segment(Path(seg), store).spans
 cpu = time.process_time() - t0
-print(json.dumps({"spans": spans, "cpu": cpu, "imports_mib": imports,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+out = {"spans": spans, "cpu": cpu, "imports_mib": imports, "peak_mib": peak_rss(), "steady": []}
+for flushes in json.loads(sys.argv[5]):
+    _release()
+    store = DatasetStore(f"{data}/steady-{flushes}", window_s=cfg.dedup_window, key_budget=cfg.dedup_memory)
+    flush_segment(Path(warm), store)
+    rng, (_, date) = np.random.default_rng(0), next(iter(store._index))
+    keys = cfg.dedup_memory // 16 // flushes
+    for _ in range(flushes):
+        store.remember("spans", date, [(rng.integers(0, 2**63, keys, dtype=np.uint64),
+                                        rng.integers(0, 2**63, keys, dtype=np.uint64))])
+    frames = len(store._index[("spans", date)].frames)
+    t0 = time.process_time()
+    n = flush_segment(Path(steady_seg), store).spans
+    out["steady"].append({"flushes": flushes, "keys": keys, "frames": frames, "per_100k": 1e5 * (time.process_time() - t0) / n})
+print(json.dumps(out))
 """
+
+#: The running sidecars `flusher_alone` measures, by the flushes (0.5 s apart) its
+#: duplicate check's keys came from: 20 s at 50k spans/s; 10 minutes at 1.7k spans/s.
+_STEADY = (40, 1200)
 
 
 def flusher_alone(directory: Path, templates: list[Template], spans: int = 100_000) -> dict:
@@ -171,15 +200,23 @@ def flusher_alone(directory: Path, templates: list[Template], spans: int = 100_0
         return p
 
     warm, seg = segment("00000000000000000001.sealed", 1), segment("00000000000000000002.sealed", spans)
+    again = segment("00000000000000000003.sealed", spans // 4)
     env = {**flusher_process.child_environment(os.environ), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", _ALONE, str(warm), str(seg), str(directory / "data")], env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", _ALONE, str(warm), str(seg), str(again), str(directory / "data"),
+                          json.dumps(_STEADY)], env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"flusher alone failed: {out.stderr[-2000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res["per_cpu"] = res["spans"] / res["cpu"] if res["cpu"] else float("nan")
     res["segment_mib"] = seg.stat().st_size / MB
     return res
+
+
+def steady_line(alone: dict) -> str:
+    """The flusher's cost once its duplicate check is full, as in a running sidecar."""
+    return "with a running sidecar's duplicate check (default key budget full): " + ", ".join(
+        f"{s['per_100k']:.2f} CPU-s per 100k spans after {s['flushes']:,} flushes ({s['frames']} frames searched)"
+        for s in alone["steady"])
 
 
 def raw_loop(directory: Path, templates: list[Template], seconds: float, group: int) -> dict:
@@ -968,7 +1005,7 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
         a = r.alone
         rep.say(f"    {f'~{r.kb:g} KB' if r.kb else '1-10 KB'}: {1e5 * a['cpu'] / a['spans']:.2f} CPU-s per 100k spans "
                 f"({fmt(a['per_cpu'])} spans per CPU-second), peak RSS {a['peak_mib']:.0f} MiB "
-                f"({a['imports_mib']:.0f} of them its imports)")
+                f"({a['imports_mib']:.0f} of them its imports); {steady_line(a)}")
     rep.say("  the flusher's own speed, and the ratio it reaches given a core (the measured ratio counts its wait "
             "for one on a machine the senders share):")
     for r in runs:
@@ -1004,7 +1041,7 @@ def run_size(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float
     rep.say(f"flusher alone (a fresh process with the flusher's imports and allocator, one {alone['segment_mib']:.0f} MiB "
             f"segment of {alone['spans']:,} of these spans): {1e5 * alone['cpu'] / alone['spans']:.2f} CPU-s per 100k "
             f"spans = {fmt(alone['per_cpu'])} spans per CPU-second; RSS {alone['imports_mib']:.0f} MiB after its imports, "
-            f"peak {alone['peak_mib']:.0f} MiB")
+            f"peak {alone['peak_mib']:.0f} MiB; {steady_line(alone)}")
     report_full(rep, args, load, fig, raw8)
     report_sustained(rep, args, load, fig)
     report_half(rep, args, load, fig)
