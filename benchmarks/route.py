@@ -263,19 +263,22 @@ def start_proxy(args: argparse.Namespace, tmp: Path, up_port: int, baseline: str
         {"serving": "agent@v0001", "candidate": "agent@v0002", "share": 0.5}).encode())
     urllib.request.urlopen(put).read()
     if args.prompt is not None:
-        from nightshift.schemas.prompt_identity import system_id
+        from nightshift.schemas.prompt_identity import system_id, version_id
 
         candidate = SYSTEM + "Check each tool result before you answer."
-        put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/prompt:{system_id([SYSTEM])}",
-                                     method="PUT", data=json.dumps({"kind": "prompt", "candidate": system_id([candidate]),
-                                                                    "system": candidate, "share": args.prompt}).encode())
-        try:
-            urllib.request.urlopen(put).read()
-            args.baseline_prompt = bool(baseline)
-        except urllib.error.HTTPError:
-            if not baseline:
-                raise  # a baseline from before prompt routes (issue 27) runs without one
-    return proxy, proxy_port
+        route = {"kind": "prompt", "candidate": system_id([candidate]), "system": candidate, "share": args.prompt,
+                 "version": version_id([candidate], [])}  # the trial's id, marked as given (no per-request hash)
+        for body in (route, {k: v for k, v in route.items() if k != "version"}):
+            put = urllib.request.Request(f"http://127.0.0.1:{proxy_port}/nightshift/routes/prompt:"
+                                         f"{system_id([SYSTEM])}", method="PUT", data=json.dumps(body).encode())
+            try:
+                urllib.request.urlopen(put).read()
+                args.baseline_prompt = bool(baseline)
+                break
+            except urllib.error.HTTPError:
+                if not baseline:
+                    raise  # a baseline from before `version` marks as it did; one from before prompt routes
+    return proxy, proxy_port  # (issue 27) runs without one
 
 
 def start(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen, list[tuple[subprocess.Popen, int]], int]:
