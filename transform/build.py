@@ -35,7 +35,7 @@ from nightshift.schemas import spans as spans_schema
 
 from . import attrs as A
 from . import calls as C
-from . import attribution, credit, distributed, incremental, normalize, output, pool, spill
+from . import attribution, columnar, credit, distributed, incremental, normalize, output, pool, spill
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
 
@@ -638,31 +638,28 @@ def run_bucket(job: _Job, shared: _Shared) -> _Done:
                   tool_error=re.compile(cfg.credit.tool_error_pattern),
                   seen=incremental.Seen() if shared.incremental else None)
     rows, tokens = process(_spans(job, cfg, summary), ctx)  # `process` holds the only reference: it frees them early
-    by_day: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        by_day[r["_date"]].append(r)
-    del rows
+    days = sorted(rows["_date"].unique().to_list()) if rows is not None else []
     frames, slim = [], []
-    for j, (day, rs) in enumerate(sorted(by_day.items())):
-        t = _table(rs, tokens)
+    for j, day in enumerate(days):
+        t = _table(rows.filter(pl.col("_date") == day), tokens)
         part = _part(job.bucket, j)
         slim.append(pool.slim(t).with_columns(pl.lit(part, pl.UInt64).alias("_part")))
         frames.append((part, day, spill.write_ipc(t, os.path.join(job.scratch, f"rows-{day}-{job.bucket:05d}.arrow"))))
         del t
-    del by_day, tokens
+    del rows, tokens
     path = spill.write_ipc(pl.concat(slim), os.path.join(job.scratch, f"slim-{job.bucket:05d}.arrow")) if slim else ""
     _give_back_memory()
     summary.bucket_seconds = time.perf_counter() - t0
     return _Done(job.bucket, frames, path, summary, ctx.counts, ctx.seen)
 
 
-def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame | None]:
-    """Transition rows (without advantage and token ids) of every settled trajectory
-    in `df`, which holds whole traces, and their token ids by `transition_id`:
-    read the calls -> normalize them -> group them into trajectories and assign
-    credit -> rows."""
+def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """Transition rows (without advantage and token ids, with `_date` and what orders
+    them) of every settled trajectory in `df`, which holds whole traces, and the token
+    ids by call (`_call`): read the calls -> normalize them -> group them into
+    trajectories and assign credit -> rows."""
     if df.height == 0:
-        return [], None
+        return None, None
     df = _prepare(df, ctx.summary)
     cfg = ctx.cfg
     group_attr = cfg.group_by.split(":", 1)[1] if cfg.group_by.startswith("attribute:") else None
@@ -673,9 +670,10 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[list[dict], pl.DataFrame | Non
     root_calls = set(df.filter(cls["is_call"] & pl.col("parent_span_id").is_null())["span_id"].to_list())
     call_rows = df.filter(cls["is_call"]).drop("parent_span_id", "name", strict=False)
     del df  # the bucket's spans: only the calls and reward carriers are still needed
-    records, tokens = _normalize(call_rows, anc, root_calls, ctx)
-    rows = _assign_credit(records, traces, _span_rewards(carriers, ctx), ctx)
-    return _with_tokens(rows, tokens)
+    kept, tokens = _normalize(call_rows, anc, root_calls, ctx)
+    rows, frame = _assign_credit(kept, traces, _span_rewards(carriers, ctx), ctx)
+    parts = ([_dict_frame(rows)] if rows else []) + ([frame] if frame is not None and frame.height else [])
+    return (pl.concat(parts) if parts else None), tokens
 
 
 def _prepare(df: pl.DataFrame, summary: Summary) -> pl.DataFrame:
@@ -726,9 +724,11 @@ def _traces(df: pl.DataFrame, cls: pl.DataFrame, cfg: TransformConfig) -> _Trace
 
 
 def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
-               ctx: _Ctx) -> tuple[list[dict], pl.DataFrame]:
+               ctx: _Ctx) -> tuple[columnar.Kept, pl.DataFrame]:
     """One record per call, whatever its instrumentation's layout, with its agent;
-    double-recorded calls merged. Token ids stay in Arrow, by call index."""
+    double-recorded calls merged. The records the expressions read stay frames unless
+    the bucket has calls recorded twice or histories sent as deltas (then every
+    record is Python's). Token ids stay in Arrow, by call index."""
     ctx.counts.calls_seen += call_rows.height
     tokens = C.token_columns(call_rows)
     if (n_bad := tokens["bad_token_ids"].sum()):
@@ -738,35 +738,20 @@ def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
     log_events = _events_by_span(ctx.logs, call_rows["trace_id"].unique())
     span_events = C.events_of(call_rows)
     events = {k: log_events.get(k, []) + span_events.get(k, []) for k in log_events.keys() | span_events.keys()}
-    meta = call_rows.select("trace_id", "span_id", "gen_ai_operation_name", "scope_name").to_dicts()
-    normalized = normalize.read_records(call_rows, events)
-    for why, n in normalized.python.items():
+    meta = call_rows.select("span_id", "gen_ai_operation_name", "scope_name")
+    got = normalize.read_frames(call_rows, events)
+    for why, n in got.python.items():
         ctx.summary.python_reader[why] += n
-    conversation = call_rows["gen_ai_conversation_id"].to_list()
+    conversation = call_rows["gen_ai_conversation_id"]
     del call_rows
-    records = []
-    for i, (row, rec) in enumerate(zip(meta, normalized.records)):
-        unreadable = "unknown_layout" in rec["flags"]
-        if not unreadable and C.made_no_request(rec, row):
-            ctx.counts.no_request += 1
-            continue
-        ctx.counts.saw(row.get("scope_name"), not unreadable, row["span_id"])
-        if not unreadable:  # never a row whose content was guessed at
-            records.append(rec)
-    del normalized
-    info = anc.to_dicts()  # one per call, in call_rows' order
-    outer_of = {}
-    for rec in records:
-        a = info[rec["_call"]]
-        rec["agent_name"] = a["agent_name"]
-        outer_of[rec["span_id"]] = a["outer"]
-        if a["skew"] or (rec["end_ns"] is not None and rec["start_ns"] is not None and rec["end_ns"] < rec["start_ns"]):
-            rec["flags"].append("clock_skew")
-    records = C.dedupe(records, outer_of, ctx.counts)
-    records = C.merge_detached(records, root_calls, ctx.counts)
-    C.rebuild_deltas(records, conversation)
-
-    return records, tokens
+    kept = columnar.kept(got, meta, anc, ctx.counts)  # never a row whose content was guessed at
+    del got
+    if columnar.needs_python(kept, root_calls):
+        records = C.dedupe(kept.records(), kept.outer, ctx.counts)
+        records = C.merge_detached(records, root_calls, ctx.counts)
+        C.rebuild_deltas(records, conversation.to_list())
+        kept = columnar.Kept(None, None, records, kept.outer)
+    return kept, tokens
 
 
 def _span_rewards(carriers: pl.DataFrame, ctx: _Ctx) -> dict[str, list[Observation]]:
@@ -783,20 +768,114 @@ def _span_rewards(carriers: pl.DataFrame, ctx: _Ctx) -> dict[str, list[Observati
     return span_obs
 
 
-def _assign_credit(records: list[dict], traces: _Traces, span_obs: dict[str, list[Observation]],
-                   ctx: _Ctx) -> list[dict]:
+def _assign_credit(kept: columnar.Kept, traces: _Traces, span_obs: dict[str, list[Observation]],
+                   ctx: _Ctx) -> tuple[list[dict], pl.DataFrame | None]:
     """The calls grouped into trajectories, and the rows of those that settled, each
-    with its reward and credit."""
-    by_traj: dict[str, list[dict]] = defaultdict(list)
-    for rec in records:
-        by_traj[traces.trajectory(rec["trace_id"], ctx.cfg.trajectory)].append(rec)
+    with its reward and credit: as dicts for the trajectories only Python can build
+    (`_trajectory_rows`), as a frame for the rest (`columnar.rows`). Trajectories are
+    visited in key order either way: the summary and what an incremental build
+    learns come out as one loop over them all would make them."""
+    cfg, how = ctx.cfg, ctx.cfg.trajectory
     traces_of: dict[str, list[str]] = defaultdict(list)
     for t in traces.info:
-        traces_of[traces.trajectory(t, ctx.cfg.trajectory)].append(t)
+        traces_of[traces.trajectory(t, how)].append(t)
+    hard: set[str] = {traces.trajectory(r["trace_id"], how) for r in kept.slow}
+    frame = steps = sel = None
+    plain: dict[str, tuple[int, int]] = {}  # key -> (calls, calls its agent selection keeps)
+    first_user: dict[str, str] = {}
+    if kept.frame is not None:
+        frame = columnar.with_keys(kept.frame, None if how == "trace" else {
+            t: traces.trajectory(t, how) for t in traces.info})
+        keys = frame["_key"].unique().to_list()
+        if ctx.functions or cfg.credit.strategy == "per_step":
+            hard.update(keys)
+        else:
+            hard |= columnar.tool_answer_keys(frame, kept.flat)
+            if ctx.feedback.height:  # feedback read per trajectory, as `_observations` reads it
+                fb_traces = set(ctx.feedback["trace_id"].drop_nulls().to_list())
+                fb_convs = set(ctx.feedback["conversation_id"].drop_nulls().to_list())
+                for key in keys:
+                    tids = traces_of[key]
+                    session = next((traces.info[t]["session"] for t in sorted(tids) if traces.info[t]["session"]), None)
+                    if any(t in fb_traces for t in tids) or (session and session in fb_convs):
+                        hard.add(key)
+        steps = columnar.ordered(frame.filter(~pl.col("_key").is_in(list(hard))))
+        sel = columnar.selected(steps, ctx.include, ctx.exclude)
+        plain = {k: (n, m) for k, n, m in steps.select("_key", "step", sel).group_by("_key").agg(
+            pl.len(), pl.col("_sel").sum()).iter_rows()}
+        if cfg.group_by not in ("none", "conversation") and not cfg.group_by.startswith("attribute:"):
+            first_user = columnar.first_user_messages(steps, kept.flat)
+    by_traj: dict[str, list[dict]] = defaultdict(list)
+    records = kept.slow
+    if frame is not None and hard:
+        records = columnar.Kept(frame.filter(pl.col("_key").is_in(list(hard))), kept.flat, kept.slow, {}).records()
+    for rec in records:
+        by_traj[traces.trajectory(rec["trace_id"], how)].append(rec)
     rows: list[dict] = []
-    for key in sorted(by_traj):
-        rows += _trajectory_rows(key, by_traj[key], sorted(traces_of[key]), traces, span_obs, ctx)
-    return rows
+    built = columnar.Trajectories.empty()
+    for key in sorted(by_traj.keys() | plain.keys()):
+        if key in by_traj:
+            rows += _trajectory_rows(key, by_traj[key], sorted(traces_of[key]), traces, span_obs, ctx)
+        else:
+            _plain_trajectory(key, sorted(traces_of[key]), plain[key], first_user.get(key), traces, span_obs, ctx,
+                              built)
+    if not built.key:
+        return rows, None
+    out, flagged, missing = columnar.rows(steps, kept.flat, built, sel, cfg.credit.strategy, cfg.credit.gamma,
+                                          cfg.advantage.weighting == "trajectory")
+    for f, n in flagged.items():
+        ctx.summary.flagged[f] += n
+    for conv, n in missing.items():
+        ctx.summary.content_missing[conv] += n
+    return rows, out
+
+
+def _plain_trajectory(key: str, tids: list[str], calls: tuple[int, int], first_user: str | None, traces: _Traces,
+                      span_obs: dict[str, list[Observation]], ctx: _Ctx, built: columnar.Trajectories) -> None:
+    """`_trajectory_rows` for a trajectory whose rows `columnar.rows` makes: what it
+    decides once per trajectory (window, settling, outcome, group), added to `built`."""
+    cfg, summary = ctx.cfg, ctx.summary
+    settle_ns = int(cfg.settle * 1e9)
+    infos = [traces.info[t] for t in tids]
+    last = max(i["last_received"] or 0 for i in infos)
+    rooted = all(i["root_ended"] for i in infos)
+    starts = [i["first_start"] for i in infos if i["first_start"] is not None]
+    start_ns = min(starts) if starts else min(i["first_received"] or 0 for i in infos)
+    day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
+    if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
+            or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
+        summary.outside_window += 1
+        return
+    session = next((i["session"] for i in infos if i["session"]), None)
+    settle_at = last + (settle_ns if rooted else 6 * settle_ns)
+    if settle_ns > 0 and ctx.now_ns < settle_at:
+        summary.waiting += 1
+        _seen(ctx, day.isoformat(), tids, infos, settle_at, session, [])
+        return
+    trajectory_id = key if not key.startswith("conversation:") else _hash(key)
+    best = outcome([o for t in tids for o in span_obs.get(t, [])], cfg.reward.name, cfg.reward.prefer)
+    R, R_src = (best.value, best.detail) if best else (None, None)
+    if best is None and cfg.reward.default:
+        R, R_src = float(cfg.reward.default), "default"
+    if R is None:
+        summary.unrated += 1
+    else:
+        summary.rewards_by_source[R_src.split(":", 1)[0] if R_src != "default" else "default"] += 1
+    g = cfg.group_by
+    group_text = (None if g == "none" else session if g == "conversation" else
+                  (infos[0]["group_attr"] if infos else None) if g.startswith("attribute:") else first_user)
+    n, selected = calls
+    summary.dropped_by_agent += n - selected
+    summary.trajectories += 1 if selected else 0
+    built.key.append(key)
+    built.trajectory_id.append(trajectory_id)
+    built.day.append(day.isoformat())
+    built.start_ns.append(start_ns)
+    built.reward.append(R)
+    built.source.append(R_src)
+    built.group_id.append(_hash("group:" + group_text, 16) if group_text else None)
+    built.orphan.append(not rooted)
+    _seen(ctx, day.isoformat(), tids, infos, None, session, [key] if selected else [])
 
 
 def _trajectory_rows(key: str, calls: list[dict], tids: list[str], traces: _Traces,
@@ -949,35 +1028,29 @@ def _per_step_rewards(observations: list[Observation], best: Observation | None,
     return step_rewards
 
 
-def _with_tokens(rows: list[dict], tokens: pl.DataFrame) -> tuple[list[dict], pl.DataFrame]:
-    if rows:  # token ids stay in Arrow: taken by call index, not copied through Python
-        take = pl.Series([r["_call"] for r in rows], dtype=pl.UInt32)
-        ids = tokens[take]
-        for r, p, c in zip(rows, ids["prompt_token_ids"].is_not_null(), ids["completion_token_ids"].is_not_null()):
-            r["_tokens"] = (p, c)
-        return rows, ids.with_columns(pl.Series("transition_id", [r["transition_id"] for r in rows]))
-    return rows, tokens.clear().with_columns(pl.lit(None, pl.String).alias("transition_id"))
-
-
-_ROW_SCHEMA = transitions.SCHEMA.remove_metadata()
-
-
-_LATE = ("prompt_token_ids", "completion_token_ids", "advantage")
-
-
-def _table(rows: list[dict], tokens: pl.DataFrame) -> pl.DataFrame:
-    """Rows in output order, token ids joined from Arrow; `advantage` comes last."""
-    rows = sorted(attribution.attribute(rows), key=lambda r: r["_order"])  # the prompt the model saw
-    wanted = [f for f in _ROW_SCHEMA if f.name not in _LATE]
+def _dict_frame(rows: list[dict]) -> pl.DataFrame:
+    """The rows `_trajectory_rows` made, typed as `columnar.rows` types its own, with
+    the prompt each model saw (`attribution`)."""
+    rows = attribution.attribute(rows)
     arrays = {}
-    for f in wanted:
+    for f in columnar.WANTED:
         col = [r[f.name] for r in rows]
         if f.name in ("start_time", "end_time"):
             arrays[f.name] = pa.array(col, pa.int64()).cast(f.type)
         else:
             arrays[f.name] = pa.array(col, f.type)
-    df = pl.from_arrow(pa.table(arrays))
-    return df.join(tokens, on="transition_id", how="left", maintain_order="left")
+    arrays["_date"] = pa.array([r["_date"] for r in rows], pa.string())
+    arrays["_ostart"] = pa.array([r["_order"][0] for r in rows], pa.int64())
+    arrays["_call"] = pa.array([r["_call"] for r in rows], pa.int64())
+    return pl.from_arrow(pa.table(arrays))
+
+
+def _table(rows: pl.DataFrame, tokens: pl.DataFrame) -> pl.DataFrame:
+    """A date's rows in output order (trajectory start, trajectory, step), token ids
+    taken from Arrow by call; `advantage` comes later."""
+    rows = rows.sort(*columnar.ORDER)
+    ids = tokens[rows["_call"].cast(pl.UInt32)]
+    return rows.drop("_date", "_ostart", "_call").hstack(ids.select("prompt_token_ids", "completion_token_ids"))
 
 
 def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = False) -> Summary:

@@ -81,28 +81,59 @@ class Normalized:
     python: Counter = field(default_factory=Counter)
 
 
+@dataclass
+class Frames:
+    """The records as the expressions left them, not yet Python: `frame` (one row per
+    call they read, `row` its call index, the record's scalar fields) and `flat` (their
+    messages, one per line, `side` 0 input in order then 1 the output); `slow`, the
+    records `read_record` made (rare layouts), each with its `_call`. The build keeps
+    the frames columnar to the transitions table; `records` is the Python form."""
+
+    frame: pl.DataFrame | None
+    flat: pl.DataFrame | None
+    slow: list[dict]
+    python: Counter = field(default_factory=Counter)
+
+    def records(self) -> list[dict]:
+        """Every call's record, in call-row order (the rows of the frames and the slow
+        ones interleaved as the calls were)."""
+        out = _to_records(self.frame, self.flat) if self.frame is not None else []
+        if self.slow:
+            out = sorted(out + self.slow, key=lambda r: r["_call"])
+        return out
+
+
 def read_records(call_rows: pl.DataFrame, events: dict[tuple[str, str], list[dict]]) -> Normalized:
     """The record of every row of `call_rows` (`trace_id, span_id, start_ns, end_ns,
     service_name, gen_ai_operation_name, scope_name, dropped_attributes_count,
     attributes`), `events` by (trace, span) as `read_record` takes them."""
+    got = read_frames(call_rows, events)
+    out: list[dict | None] = [None] * call_rows.height
+    for rec in got.records():
+        out[rec["_call"]] = rec
+    return Normalized(out, got.python)  # type: ignore[arg-type]
+
+
+def read_frames(call_rows: pl.DataFrame, events: dict[tuple[str, str], list[dict]]) -> Frames:
+    """`read_records`' records, those the expressions read still as frames."""
     n = call_rows.height
+    got = Frames(None, None, [])
     if n == 0:
-        return Normalized([])
+        return got
     meta = call_rows.select("trace_id", "span_id", "start_ns", "end_ns", "service_name", "gen_ai_operation_name",
                             "scope_name", "dropped_attributes_count",
                             *[pl.col(c) if c in call_rows.columns else pl.lit(None, pl.String).alias(c)
                               for c in ("scope_schema_url", "resource_schema_url")])
     feats, vals = _long(call_rows)
     why = _python_reasons(meta, feats, vals, events)
-    out: list[dict | None] = [None] * n
     fast = why.filter(pl.col("why").is_null())["row"]
-    got = Normalized([])
     if fast.len():
         frame, flat = _records(meta, feats, vals, fast)
         slow_too = frame.filter(pl.col("_why").is_not_null()).select("row", pl.col("_why").alias("why"))
         frame = frame.filter(pl.col("_why").is_null())
-        for rec in _to_records(frame, flat.filter(pl.col("row").is_in(frame["row"].implode()))):
-            out[rec["_call"]] = rec
+        if frame.height:
+            got.frame = frame.sort("row")
+            got.flat = flat.filter(pl.col("row").is_in(frame["row"].implode()))
         why = why.update(slow_too, on="row")
     slow = why.filter(pl.col("why").is_not_null())
     if slow.height:
@@ -112,9 +143,8 @@ def read_records(call_rows: pl.DataFrame, events: dict[tuple[str, str], list[dic
             row = meta.row(i, named=True)
             rec = C.read_record(row, a, events.get((row["trace_id"], row["span_id"]), []))
             rec["_call"] = i
-            out[i] = rec
+            got.slow.append(rec)
             got.python[reason] += 1
-    got.records = out  # type: ignore[assignment]
     return got
 
 

@@ -1,0 +1,94 @@
+"""The build's rows made as frames (`transform/columnar.py`) equal those of the Python
+path (`build._trajectory_rows`), bit for bit, on the cases credit and selection
+branch on: every strategy, gamma 0 and 1, negative, zero and missing rewards, a
+default reward, one-call trajectories, agent selection, orphans, clock skew, the
+route's prompt mark, weighting. The Python path is forced with a reward function
+that returns nothing (a trajectory with one goes through Python, and it adds no
+reward), and each build is checked to have taken the path it should."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from nightshift.transform import build as B
+from nightshift.transform import columnar
+from test_transform_build import episode, run
+from traces import Trace, genai_call, write_spans
+
+
+def nothing(trajectory) -> None:
+    """A reward function that finds no reward: the trajectory goes through Python unchanged."""
+    return None
+
+
+def _traces() -> list[Trace]:
+    out = [episode("pos", 1.5, user="same", calls=3), episode("neg", -0.7, user="same", calls=4, agent="critic"),
+           episode("zero", 0.0, user="other", calls=2), episode("one", 0.3, user="solo", calls=1),
+           episode("none", None, user="other", calls=2)]
+    t = Trace("orphan-skew-mark")  # a root that never ended, a call ending before it starts, a marked answer
+    root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                  start=0, end=None)
+    t.span("chat m1", genai_call("q", "a", model="m1+p:0123456789ab"), parent=root, start=1, end=2)
+    t.span("chat m1", genai_call("q2", "b"), parent=root, start=3, end=2.5)
+    t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
+                                         "agentlightning.reward.0.value": 0.9}, parent=root, start=4, end=4.5)
+    tool = Trace("tool")  # a tool result answering an earlier call: Python's, beside the others built as frames
+    root = tool.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                     start=0, end=20)
+    tool.span("chat m1", genai_call("look it up", tool_call=("c1", "lookup", {"q": "x"})), parent=root, start=1, end=2)
+    asked = [{"role": "user", "parts": [{"type": "text", "content": "look it up"}]},
+             {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"q": "x"}}]},
+             {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "error: not found"}]}]
+    tool.span("chat m1", genai_call("and now?", "done", history=asked), parent=root, start=3, end=4)
+    tool.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
+                                            "agentlightning.reward.0.value": 0.4}, parent=root, start=5, end=5.5)
+    return out + [t, tool]
+
+
+def _both(tmp_path, monkeypatch, **kw):
+    """The same spans built as frames and through Python: (frames' rows, summary), (Python's)."""
+    a, b = tmp_path / "frames", tmp_path / "python"
+    for d in (a, b):
+        write_spans(str(d), _traces())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("this build should not have taken this path")
+
+    python, rows_of = [], B._trajectory_rows
+
+    def counted(key, calls, *args):
+        python.append(key)
+        return rows_of(key, calls, *args)
+
+    with monkeypatch.context() as m:
+        m.setattr(B, "_trajectory_rows", counted)
+        got = run(a, **kw)
+    assert python == [Trace("tool").hex]  # only the trajectory a tool result answers went through Python
+    with monkeypatch.context() as m:
+        m.setattr(columnar, "rows", refuse)
+        want = run(b, **kw, reward__functions=[f"{__name__}:nothing"])
+    return got, want
+
+
+def _same(got, want) -> None:
+    (df, s1), (ref, s2) = got, want
+    assert df.height == ref.height > 0
+    assert df.schema == ref.schema
+    for c in df.columns:  # repr: the same float bits (-0.0 too), the same nulls
+        assert [repr(x) for x in df[c].to_list()] == [repr(x) for x in ref[c].to_list()], c
+    timeless = [re.sub(r"[0-9.]+ s\b", "", x) for x in s1.lines()], [re.sub(r"[0-9.]+ s\b", "", x) for x in s2.lines()]
+    assert timeless[0] == timeless[1]
+
+
+@pytest.mark.parametrize("kw", [
+    {"credit__strategy": "identical"},
+    {"credit__strategy": "discounted", "credit__gamma": 0.9},
+    {"credit__strategy": "discounted", "credit__gamma": 0.0},
+    {"credit__strategy": "discounted", "credit__gamma": 1.0},
+    {"credit__strategy": "last", "advantage__weighting": "step", "agents_exclude": "critic"},
+    {"credit__strategy": "discounted", "credit__gamma": 0.37, "reward__default": "0.25", "group_by": "none"},
+])
+def test_frames_equal_the_python_rows(tmp_path, monkeypatch, kw):
+    _same(*_both(tmp_path, monkeypatch, **kw))
