@@ -150,15 +150,15 @@ def test_a_restart_reads_the_keys_of_the_newest_files_only_within_the_budget(tmp
 def test_a_long_running_flusher_searches_a_few_merged_frames_not_one_per_segment(tmp_path):
     """Every lookup searched one frame of keys per segment flushed within the window:
     a sidecar flushing every 0.5 s held up to 1,200, and lookups grew to more CPU than
-    the rest of the flush. Merged as they come, 64 segments leave a handful, and a
+    the rest of the flush. Merged as they come, 32 segments leave a handful, and a
     resend of the first segment's spans is still found."""
     store = DatasetStore(str(tmp_path / "data"), window_s=600.0, key_budget=16 << 20)
-    batches = [make_request(20)[0] for _ in range(64)]
+    batches = [make_request(20)[0] for _ in range(32)]
     for i, req in enumerate(batches):
         assert flush_segment(_segment(tmp_path / "wal", i, req), store).spans == 20
     (index,) = store._index.values()
     assert len(index.frames) <= 8
-    again = flush_segment(_segment(tmp_path / "wal", 100, batches[0], batches[37]), store)
+    again = flush_segment(_segment(tmp_path / "wal", 100, batches[0], batches[21]), store)
     assert (again.spans, again.duplicates) == (0, 40)
 
 
