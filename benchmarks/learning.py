@@ -231,9 +231,17 @@ def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     started = time.time()
-    server = loop.start_server(model, "world-policy", logs, max_loras=4 * len(algorithms) * len(seeds) + 4)
+    # the server loads the model in its process while this one loads it for scoring
+    server = loop.start_server(model, "world-policy", logs, max_loras=4 * len(algorithms) * len(seeds) + 4,
+                               wait=False)
+    try:
+        engine = Engine(str(model), "world-policy")
+        server.ready("/health", "the model server")
+    except BaseException:
+        server.stop()
+        raise
     route = loop.start_route(server, logs, root / "routes.json") if args.canary else None
-    w = World(model, python, root, logs, server, Engine(str(model), "world-policy"), started, route, which)
+    w = World(model, python, root, logs, server, engine, started, route, which)
     for alg in {a for a in algorithms if apo_arms.is_apo(a)}:
         if alg == "apo-placebo":
             w.proposers[alg] = apo_arms.PlaceboProposer().__enter__()

@@ -3,7 +3,10 @@ agent's logs, `nightshift nightly` with experiments: prompts (an APO round again
 the stand-in proposer, its candidate started on the lineage's own `nightshift
 route`), and a table that names the prompt serving after the night and scores the
 candidate. Behaviour, not figures: the policy here is the tests' cached behaviour
-policy, which reads no prompt (the measurement serves the instruction-tuned one)."""
+policy, which reads no prompt (the measurement serves the instruction-tuned one).
+Ten logged episodes are enough for what is asserted: the round needs failures to
+read, and at the policy's ~50 % success ten episodes hold none about once in a
+thousand runs; four scoring episodes score the candidate (a figure, not asserted)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(600)
 def test_the_apo_arm_runs_a_night_and_reports_the_serving_prompt(tmp_path, world_policy):
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning.py"), "--algorithms", "apo",
-                        "--nights", "1", "--seeds", "1", "--episodes", "16", "--eval-episodes", "8",
+                        "--nights", "1", "--seeds", "1", "--episodes", "10", "--eval-episodes", "4",
                         "--check-episodes", "0", "--policy", str(world_policy), "--keep", str(tmp_path / "w")],
                        capture_output=True, text=True, timeout=580, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -48,6 +48,11 @@ class Service:
     log: Path
     extra: dict = field(default_factory=dict)
 
+    def ready(self, path: str, what: str, timeout: float = 120.0) -> "Service":
+        """Wait until `path` answers (a service started with wait=False)."""
+        _wait(f"{self.url}{path}", self.proc, what, self.log, timeout)
+        return self
+
     def stop(self, timeout: float = 120.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -72,16 +77,18 @@ def start_collector(data: Path, logs: Path) -> Service:
     return Service(proc, url, log)
 
 
-def start_server(model: Path, served_name: str, logs: Path, max_lora_rank: int = 16, max_loras: int = 4) -> Service:
+def start_server(model: Path, served_name: str, logs: Path, max_lora_rank: int = 16, max_loras: int = 4,
+                 wait: bool = True) -> Service:
+    """`nightshift serve --engine transformers`; wait=False returns while it loads
+    (then `.ready("/health", ...)`), so a caller can load its own model meanwhile."""
     port = free_port()
     log = logs / "serve.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "nightshift.cli", "serve", "--engine", "transformers", "--model", str(model),
          "--served-model-name", served_name, "--port", str(port), "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras)],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    _wait(f"{url}/health", proc, "the model server", log)
-    return Service(proc, url, log)
+    server = Service(proc, f"http://127.0.0.1:{port}", log)
+    return server.ready("/health", "the model server") if wait else server
 
 
 def start_route(upstream: Service, logs: Path, state: Path) -> Service:
