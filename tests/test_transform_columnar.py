@@ -2,7 +2,8 @@
 path (`build._trajectory_rows`), bit for bit, on the cases credit and selection
 branch on: every strategy, gamma 0 and 1, negative, zero and missing rewards, a
 default reward, one-call trajectories, agent selection, orphans, clock skew, the
-route's prompt mark, weighting. The Python path is forced with a reward function
+route's prompt mark, weighting, tool errors (penalized or not) and a history
+rebuilt. The Python path is forced with a reward function
 that returns nothing (a trajectory with one goes through Python, and it adds no
 reward), and each build is checked to have taken the path it should."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+import polars as pl
 import pytest
 
 from nightshift.transform import build as B
@@ -34,17 +36,25 @@ def _traces() -> list[Trace]:
     t.span("chat m1", genai_call("q2", "b"), parent=root, start=3, end=2.5)
     t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
                                          "agentlightning.reward.0.value": 0.9}, parent=root, start=4, end=4.5)
-    tool = Trace("tool")  # a tool result answering an earlier call: Python's, beside the others built as frames
-    root = tool.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
-                     start=0, end=20)
-    tool.span("chat m1", genai_call("look it up", tool_call=("c1", "lookup", {"q": "x"})), parent=root, start=1, end=2)
+    return out + [t, _tool("tool", "error: not found", True), _tool("ok-tool", "42", True),
+                  _tool("rebuilt", "error: not found", False)]
+
+
+def _tool(seed: str, result: str, issued: bool) -> Trace:
+    """A call asking for a tool, then one whose history holds the result (and, if
+    `issued`, the turn that asked: else `rebuild_history` puts it back, in Python)."""
+    t = Trace(seed)
+    root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
+                  start=0, end=20)
+    t.span("chat m1", genai_call("look it up", tool_call=("c1", "lookup", "{\"q\": \"x\"}")), parent=root, start=1, end=2)
     asked = [{"role": "user", "parts": [{"type": "text", "content": "look it up"}]},
-             {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"q": "x"}}]},
-             {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "error: not found"}]}]
-    tool.span("chat m1", genai_call("and now?", "done", history=asked), parent=root, start=3, end=4)
-    tool.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
-                                            "agentlightning.reward.0.value": 0.4}, parent=root, start=5, end=5.5)
-    return out + [t, tool]
+             {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": "{\"q\": \"x\"}"}]},
+             {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": result}]}]
+    t.span("chat m1", genai_call("and now?", "done", history=asked if issued else [asked[0], asked[2]]), parent=root,
+           start=3, end=4)
+    t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
+                                         "agentlightning.reward.0.value": 0.4}, parent=root, start=5, end=5.5)
+    return t
 
 
 def _both(tmp_path, monkeypatch, **kw):
@@ -65,7 +75,7 @@ def _both(tmp_path, monkeypatch, **kw):
     with monkeypatch.context() as m:
         m.setattr(B, "_trajectory_rows", counted)
         got = run(a, **kw)
-    assert python == [Trace("tool").hex]  # only the trajectory a tool result answers went through Python
+    assert python == [Trace("rebuilt").hex]  # only the history to rebuild went through Python
     with monkeypatch.context() as m:
         m.setattr(columnar, "rows", refuse)
         want = run(b, **kw, reward__functions=[f"{__name__}:nothing"])
@@ -84,6 +94,7 @@ def _same(got, want) -> None:
 
 @pytest.mark.parametrize("kw", [
     {"credit__strategy": "identical"},
+    {"credit__strategy": "identical", "credit__tool_error_penalty": 0.0},
     {"credit__strategy": "discounted", "credit__gamma": 0.9},
     {"credit__strategy": "discounted", "credit__gamma": 0.0},
     {"credit__strategy": "discounted", "credit__gamma": 1.0},
@@ -91,4 +102,11 @@ def _same(got, want) -> None:
     {"credit__strategy": "discounted", "credit__gamma": 0.37, "reward__default": "0.25", "group_by": "none"},
 ])
 def test_frames_equal_the_python_rows(tmp_path, monkeypatch, kw):
-    _same(*_both(tmp_path, monkeypatch, **kw))
+    got, want = _both(tmp_path, monkeypatch, **kw)
+    _same(got, want)
+    df = got[0]
+    flags = {t: df.filter((pl.col("trajectory_id") == Trace(t).hex) & (pl.col("step") == 0))["flags"][0].to_list()
+             for t in ("tool", "ok-tool", "rebuilt")}
+    errors = kw.get("credit__tool_error_penalty", 0.5) != 0
+    assert ("tool_error" in flags["tool"]) == errors and ("tool_error" in flags["rebuilt"]) == errors
+    assert "tool_error" not in flags["ok-tool"]

@@ -789,17 +789,19 @@ def _assign_credit(kept: columnar.Kept, traces: _Traces, span_obs: dict[str, lis
         keys = frame["_key"].unique().to_list()
         if ctx.functions or cfg.credit.strategy == "per_step":
             hard.update(keys)
-        else:
-            hard |= columnar.tool_answer_keys(frame, kept.flat)
-            if ctx.feedback.height:  # feedback read per trajectory, as `_observations` reads it
-                fb_traces = set(ctx.feedback["trace_id"].drop_nulls().to_list())
-                fb_convs = set(ctx.feedback["conversation_id"].drop_nulls().to_list())
-                for key in keys:
-                    tids = traces_of[key]
-                    session = next((traces.info[t]["session"] for t in sorted(tids) if traces.info[t]["session"]), None)
-                    if any(t in fb_traces for t in tids) or (session and session in fb_convs):
-                        hard.add(key)
-        steps = columnar.ordered(frame.filter(~pl.col("_key").is_in(list(hard))))
+        elif ctx.feedback.height:  # feedback read per trajectory, as `_observations` reads it
+            fb_traces = set(ctx.feedback["trace_id"].drop_nulls().to_list())
+            fb_convs = set(ctx.feedback["conversation_id"].drop_nulls().to_list())
+            for key in keys:
+                tids = traces_of[key]
+                session = next((traces.info[t]["session"] for t in sorted(tids) if traces.info[t]["session"]), None)
+                if any(t in fb_traces for t in tids) or (session and session in fb_convs):
+                    hard.add(key)
+        steps = columnar.ordered(frame)
+        rebuild, errored = columnar.tools(steps, kept.flat, ctx.tool_error if cfg.credit.tool_error_penalty else None)
+        hard |= rebuild
+        plain_calls = ~steps["_key"].is_in(list(hard))
+        steps, errored = steps.filter(plain_calls), errored.filter(plain_calls)
         sel = columnar.selected(steps, ctx.include, ctx.exclude)
         plain = {k: (n, m) for k, n, m in steps.select("_key", "step", sel).group_by("_key").agg(
             pl.len(), pl.col("_sel").sum()).iter_rows()}
@@ -821,8 +823,8 @@ def _assign_credit(kept: columnar.Kept, traces: _Traces, span_obs: dict[str, lis
                               built)
     if not built.key:
         return rows, None
-    out, flagged, missing = columnar.rows(steps, kept.flat, built, sel, cfg.credit.strategy, cfg.credit.gamma,
-                                          cfg.advantage.weighting == "trajectory")
+    out, flagged, missing = columnar.rows(steps, kept.flat, built, sel, errored, cfg.credit.strategy, cfg.credit.gamma,
+                                          cfg.credit.tool_error_penalty, cfg.advantage.weighting == "trajectory")
     for f, n in flagged.items():
         ctx.summary.flagged[f] += n
     for conv, n in missing.items():

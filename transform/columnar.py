@@ -188,24 +188,46 @@ def with_keys(frame: pl.DataFrame, key_of: dict[str, str] | None) -> pl.DataFram
     return frame.join(lut, on="trace_id", how="left", maintain_order="left")
 
 
-def tool_answer_keys(frame: pl.DataFrame, flat: pl.DataFrame) -> set[str]:
-    """Trajectories where a tool result in one call's history answers a tool call
-    some call's output made: there `rebuild_history` may put a turn back and
-    `tool_errors` may find an error, both Python's."""
-    rows = frame.select("row", "_key")
-    results = (flat.filter((pl.col("side") == 0) & (pl.col("role") == "tool") & pl.col("tool_call_id").is_not_null()
-                           & (pl.col("tool_call_id") != ""))
-               .select("row", pl.col("tool_call_id").alias("id")))
+def _truthy(c: str) -> pl.Expr:
+    return pl.col(c).is_not_null() & (pl.col(c) != "")
+
+
+def tools(steps: pl.DataFrame, flat: pl.DataFrame, pattern: re.Pattern | None) -> tuple[set[str], pl.Series]:
+    """What tool results do to each trajectory (`steps`: every call, `ordered`): the
+    trajectories where `rebuild_history` would put a turn back (a tool result
+    answering an earlier call's output that its own history does not issue: those go
+    to Python), and per call whether one of its tool calls came back as an error
+    (`credit.tool_errors`; `pattern` None: not looked for)."""
+    none = pl.Series("_err", [False] * steps.height, pl.Boolean)
+    f = flat.with_row_index("_i")
+    at = steps.select("row", "_key", "step")
+    results = (f.filter((pl.col("side") == 0) & (pl.col("role") == "tool") & _truthy("tool_call_id"))
+               .select("_i", "row", pl.col("tool_call_id").alias("id"), "content").join(at, on="row"))
     if results.height == 0:
-        return set()
-    issued = (flat.filter((pl.col("side") == 1) & (pl.col("tool_calls").list.len() > 0))
-              .select("row", pl.col("tool_calls").list.eval(pl.element().struct.field("id")).alias("id")).explode("id")
-              .filter(pl.col("id").is_not_null() & (pl.col("id") != "")))
-    if issued.height == 0:
-        return set()
-    a = results.join(rows, on="row").select("_key", "id").unique()
-    b = issued.join(rows, on="row").select("_key", "id").unique()
-    return set(a.join(b, on=["_key", "id"]).get_column("_key").unique().to_list())
+        return set(), none
+
+    def ids(side: int) -> pl.DataFrame:
+        return (f.filter((pl.col("side") == side) & (pl.col("tool_calls").list.len() > 0))
+                .select("row", pl.col("tool_calls").list.eval(pl.element().struct.field("id")).alias("id"))
+                .explode("id").filter(_truthy("id")))
+
+    asked = ids(1).join(at, on="row")
+    if asked.height == 0:
+        return set(), none
+    first_asked = asked.group_by("_key", "id").agg(pl.col("step").min().alias("asked_at"))
+    late = results.join(first_asked, on=["_key", "id"]).filter(pl.col("asked_at") < pl.col("step"))
+    late = late.join(ids(0), on=["row", "id"], how="anti")  # the history does not issue it: a turn to put back
+    rebuild = set(late["_key"].unique().to_list())
+    if pattern is None:
+        return rebuild, none
+    answer = (results.sort("step", "_i").group_by("_key", "id", maintain_order=True)
+              .agg(pl.col("content").first().fill_null("")))
+    hit = asked.join(answer, on=["_key", "id"])
+    if hit.height == 0:
+        return rebuild, none
+    bad = {c: bool(pattern.search(c)) for c in hit["content"].unique().to_list()}
+    rows = hit.filter(pl.col("content").replace_strict(bad, return_dtype=pl.Boolean))["row"].unique()
+    return rebuild, steps["row"].is_in(rows.implode()).alias("_err")
 
 
 def ordered(frame: pl.DataFrame) -> pl.DataFrame:
@@ -286,21 +308,30 @@ TYPES = pl.from_arrow(pa.schema(WANTED).empty_table()).schema
 ORDER = ("_ostart", "trajectory_id", "step")
 
 
-def rows(steps: pl.DataFrame, flat: pl.DataFrame, built: Trajectories, sel: pl.Series, strategy: str, gamma: float,
-         by_trajectory: bool) -> tuple[pl.DataFrame, dict[str, int], dict[str, int]]:
+def rows(steps: pl.DataFrame, flat: pl.DataFrame, built: Trajectories, sel: pl.Series, errored: pl.Series,
+         strategy: str, gamma: float, penalty: float, by_trajectory: bool) -> tuple[pl.DataFrame, dict[str, int],
+                                                                                   dict[str, int]]:
     """The rows of the trajectories in `built` (steps: `ordered` calls, `sel` whether
-    each is selected), typed as `build._table` types them, with `_date`, `_ostart`
-    and `_call`; and the flags and content-missing conventions they carry, counted."""
+    each is selected, `errored` whether its tool call came back as an error, lowering
+    its return by `penalty`), typed as `build._table` types them, with `_date`,
+    `_ostart` and `_call`; and the flags and content-missing conventions they carry,
+    counted."""
     t = built.frame()
-    df = steps.with_columns(sel).join(t, on="_key", how="inner", maintain_order="left")
+    df = steps.with_columns(sel, errored).join(t, on="_key", how="inner", maintain_order="left")
     reward, source, ret = _credit(strategy, gamma)
     df = df.with_columns(reward.alias("reward"), source.alias("reward_source"), ret.alias("return"))
+    if penalty:  # `credit.penalize`: calls the strategy left uncredited stay so
+        hit = pl.col("_err") & pl.col("return").is_not_null()
+        df = df.with_columns(pl.when(hit).then(pl.col("reward") - float(penalty)).otherwise(pl.col("reward")).alias("reward"),
+                             pl.when(hit).then(pl.col("return") - float(penalty)).otherwise(pl.col("return")).alias("return"))
     rated = (pl.col("_sel") & pl.col("return").is_not_null()).sum().over("_key")
     n_sel = pl.col("_sel").sum().over("_key")
     rated = pl.when(rated > 0).then(rated).when(n_sel > 0).then(n_sel).otherwise(1)
     df = df.with_columns((1.0 / rated.cast(pl.Float64) if by_trajectory else pl.lit(1.0)).alias("weight"))
     df = df.filter("_sel").with_columns(
         pl.when(pl.col("_orphan")).then(pl.col("flags").list.concat(pl.lit(["orphan"]))).otherwise(pl.col("flags"))
+        .alias("flags")).with_columns(
+        pl.when(pl.col("_err")).then(pl.col("flags").list.concat(pl.lit(["tool_error"]))).otherwise(pl.col("flags"))
         .alias("flags"))
     flagged = dict(df.select(pl.col("flags").explode().drop_nulls().value_counts(sort=False)).unnest("flags").iter_rows())
     missing = dict(df.filter(pl.col("flags").list.contains("content_missing"))
