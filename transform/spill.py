@@ -34,7 +34,9 @@ def write_ipc(df: pl.DataFrame, path: str) -> str:
     """`df` as an Arrow IPC file, whole or not at all: a bucket's task killed half way
     (and retried) must never leave a part the driver would read."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    df.write_ipc(tmp, compression="lz4")
+    table = df.to_arrow()  # pyarrow's writer: a third less CPU than Polars' on the rows' nested columns
+    with pa.ipc.new_file(tmp, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
+        writer.write_table(table)
     os.replace(tmp, path)
     return path
 
