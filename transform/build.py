@@ -382,12 +382,15 @@ def _enough_files(n: int) -> None:
         pass
 
 
-def _read_bucket(paths: list[str]) -> pl.DataFrame:
-    """A bucket's pieces (one per run of files split), in the runs' order."""
+def _read_bucket(paths: list[str], consume: bool = False) -> pl.DataFrame:
+    """A bucket's pieces (one per run of files split), in the runs' order; with
+    `consume`, each removed once read."""
     tables = []
     for path in paths:
         with pa.ipc.open_file(path) as f:
             tables.append(f.read_all())
+        if consume:
+            os.remove(path)
     # one chunk: the split wrote many small batches
     return pl.from_arrow(pa.concat_tables(tables, promote_options="default")).rechunk()
 
@@ -517,6 +520,9 @@ class _Job:
     scratch: str
     log_sources: list[_Source] = field(default_factory=list)  # one bucket: the window's log files
     log_split: list[str] = field(default_factory=list)  # else this bucket's pieces of them
+    #: remove the pieces once read (one process: a failed bucket fails the build, nothing retries it),
+    #: so the split's scratch shrinks as the rows' grows and the build's disk peaks at about one copy
+    consume: bool = False
 
 
 @dataclass
@@ -610,7 +616,7 @@ def _part(bucket: int, j: int) -> int:
 
 def _spans(job: _Job, cfg: TransformConfig, summary: Summary) -> pl.DataFrame:
     if job.split:
-        return _read_bucket(job.split)
+        return _read_bucket(job.split, job.consume)
     fs, _ = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
     return _read(fs, job.sources, SPAN_COLUMNS, summary.unreadable)
 
@@ -625,7 +631,7 @@ def run_bucket(job: _Job, shared: _Shared) -> _Done:
     summary = Summary()
     functions = [(spec, load_function(spec)) for spec in cfg.reward.functions]
     if job.log_split:  # this bucket's log events only: none is held for the whole window
-        logs = _gen_ai_events(_read_bucket(job.log_split))
+        logs = _gen_ai_events(_read_bucket(job.log_split, job.consume))
     else:
         fs, _ = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
         logs = _log_events(fs, job.log_sources)
@@ -1154,7 +1160,8 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
                     pieces[b].append(path)
                 for b, path in got_logs.items():
                     log_pieces[b].append(path)
-            jobs = [_Job(b, [], pieces[b], tmp, [], log_pieces.get(b, [])) for b in sorted(pieces)]
+            jobs = [_Job(b, [], pieces[b], tmp, [], log_pieces.get(b, []), consume=not engine.remote)
+                    for b in sorted(pieces)]
             clock = _phase(summary, "split", clock)
         if engine.remote and len(jobs) < engine.cpus:
             log.warning("%d bucket(s) of traces for %d Ray CPUs: set build.buckets (e.g. %d) to use them all",
