@@ -130,6 +130,23 @@ def turns(agent_names: list[str], default: str, agents: dict, store: str, regist
     return {a: turn(a, entries, registry_entries, endpoint, name) for a in mine if not trials.running(entries, a)}
 
 
+def seen_prompts(store: str) -> dict:
+    """Every prompt candidate ever put on the route, by the version id the route marks
+    its answers with (`prompt_seen`) -> its system text: the trainer trains on those
+    answers with the prompt the model saw (`train.select.seen_prompts`). Without it,
+    an adapter trained after a promotion learns only the agent's own prompt and serves
+    under the promoted one (the agent world: 95 % under its own, 0 % under the
+    promoted prompt). A record that cannot be read gives none: the rows are left out."""
+    from nightshift.prompts import store as candidates
+
+    try:
+        entries = trials.read(store)
+    except trials.TrialError:
+        return {}
+    return {c.version_id: c.system for agent in sorted({e["agent"] for e in entries if e["role"] == "canary"})
+            for c in candidates.candidates(store, agent)}
+
+
 def weights_held_by(store: str, default: str, agents: dict) -> str:
     """Why a new adapter may not be published tonight ("" when it may): a prompt
     canary runs on an agent that also gets weight training, and a new adapter would

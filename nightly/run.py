@@ -406,6 +406,8 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
         if state["stage"] == "train":
             tcfg = copy.deepcopy(train_cfg)
             tcfg.tag = state["run_id"]
+            if _prompting(n):  # answers a route gave under a prompt candidate train with the prompt they saw
+                tcfg.select.seen_prompts = {**experiments.seen_prompts(apo_cfg.store()), **tcfg.select.seen_prompts}
             if n.train_window_days > 0:
                 tcfg.select.since = (now.date() - dt.timedelta(days=n.train_window_days)).isoformat()
             elif state["since"]:

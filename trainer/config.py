@@ -69,6 +69,10 @@ class SelectConfig:
                                                    "model is one of these (empty: all)")
     require_reward: bool = setting(True, help="leave out rows nobody rated (their reward is null)")
     max_rows: int = setting(0, help="cap, newest first (0: no cap)", bounds="[0, inf)")
+    seen_prompts: dict = setting(factory=dict, help="prompt version id -> the system prompt text(s) a route put in "
+                                                    "front of the model (nightly fills it from the prompt candidates): "
+                                                    "rows answered under one are trained on with it; rows answered "
+                                                    "under any other are left out")
 
 
 @dataclass

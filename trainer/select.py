@@ -159,6 +159,9 @@ def select(cfg: TrainConfig) -> Selection:
     df = lf.select(["transition_id", "trajectory_id", "input_messages", "output_message", "reward", *OPTIONAL]).collect()
     rows = []
     for r in df.iter_rows(named=True):
+        seen = sel.seen_prompts.get(r.get("prompt_seen") or "")
+        if seen:
+            r["input_messages"], r["prompt_seen"] = with_system(r["input_messages"], seen), None
         reason = _unusable(r, cfg)
         if reason:
             excluded[reason] += 1
@@ -167,6 +170,19 @@ def select(cfg: TrainConfig) -> Selection:
             r["weight"] = 1.0
         rows.append(r)
     return Selection(rows=rows, scanned=scanned, excluded=+excluded, since=sel.since, until=sel.until)
+
+
+def with_system(messages: list[dict] | None, system: str | list[str]) -> list[dict] | None:
+    """`messages` as the model saw them when a route put `system` in front of it: the
+    leading system messages replaced (issue 27). Without this the row is left out,
+    and an adapter trained after a prompt's promotion learns only from conversations
+    under the agent's own prompt, then serves under the promoted one."""
+    if not messages:
+        return messages
+    texts = [system] if isinstance(system, str) else list(system)
+    n = next((i for i, m in enumerate(messages) if (m or {}).get("role") != "system"), len(messages))
+    like = messages[0] if n else {"role": "system"}
+    return [{**like, "role": "system", "content": t} for t in texts] + list(messages[n:])
 
 
 def _unusable(r: dict, cfg: TrainConfig) -> str:
