@@ -1,17 +1,17 @@
 """The calls the expressions read, kept as frames from the normalizer to the
 transitions table.
 
-A bucket of a million calls made into Python dicts, credited one trajectory at a
-time and turned back into Arrow cost three times what reading and normalizing them
-did. Most trajectories need none of what only Python does (a history to rebuild, a
-tool error to find, feedback or a reward function to read, a rare layout): their
-rows are made here with expressions, the same rows `build._trajectory_rows` makes
-for them. What Python still does is per trajectory, not per call: its settling, its
-outcome and its group (a few scalars, `build._assign_credit`).
+Calls made into Python dicts, credited one trajectory at a time and turned back
+into Arrow cost as much as normalizing them (3.6 of the 14.1 CPU-seconds of a
+100k-span build). Most trajectories need none of what only Python does (a history
+to rebuild, feedback or a reward function to read, per-step credit, a rare layout):
+their rows are made here with expressions, the same rows `build._trajectory_rows`
+makes. What Python still does for them is per trajectory, not per call: the window,
+settling, the outcome and the group (`build._plain_trajectory`).
 
-`kept` filters and counts the calls as `build._normalize` did; `hard_keys` names the
-trajectories that must go through Python; `rows` makes the others' rows.
-"""
+`kept` filters and counts the calls as the records' loop did; `needs_python` says
+when a bucket's calls are Python's whole; `tools` finds the trajectories whose
+history would be rebuilt and the calls whose tool errored; `rows` makes the rows."""
 
 from __future__ import annotations
 
