@@ -210,7 +210,7 @@ def test_route_keeps_its_flags_rank_and_report(monkeypatch):
     assert lines[4].split() == ["proxied", "11.00", "ms", "11.00", "ms", "503.00", "ms", "503.00", "ms", "5"]
     assert len({len(x) for x in lines[2:5]}) == 1  # one column grid
     assert lines[-1] == "  p99 overhead at 10 streams: 3.00 ms (target < 2 ms: [NOT met])"
-    assert "  proxy CPU: 2.000 ms per proxied request (its process only: 0.02 CPU-s for 10 requests), peak RSS 40 MiB" \
+    assert "  proxy CPU: 2.000 ms per proxied request (its process only: 0.02 CPU-s for 10 requests), peak RSS 40 MiB, event loop asyncio" \
         in lines
 
     m.proxies.append(route.Proxied("baseline", [(0.0105, 0.501, False)] * 10, secs=2.0, cpu=0.01, rss_mib=30.0))
