@@ -17,7 +17,8 @@ prompt, the one the route matches (its system id, per-request data folded, as
 `prompts.versions.assign` names every call's version), over the same hours (from
 the candidate's first call on, by the agents' clock). The route leaves the serving
 arm's answers unmarked on purpose: a mark sets `prompt_seen`, and a row with one is
-kept out of training and export (trainer/select.py, transform/export.py) as answered
+kept out of export, and of training unless the trainer is given the prompt it was
+answered under (trainer/select.py's seen_prompts, transform/export.py), as answered
 to a prompt its row does not hold, which the serving arm's rows are not. A trajectory's reward is its
 outcome over every agent's calls, what `nightshift versions` and `nightshift
 prompts` count.
