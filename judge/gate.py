@@ -63,7 +63,7 @@ import logging
 import math
 import os
 import subprocess
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -279,6 +279,22 @@ def _generate(model, tok, prompts: list[tuple[list[int], float]], max_tokens: in
     return out
 
 
+#: Characters of a sample the gate log keeps.
+SHOWN = 200
+#: Samples where only the candidate broke that the gate log keeps.
+BROKE_KEPT = 5
+
+
+def asked(row: dict) -> str:
+    """The prompt's last message, short: where a broken sample was produced. The
+    generation check's share alone does not say whether a candidate broke
+    everywhere or in one kind of state it never trained on (sft-s2 v0001: 10 of
+    its 12 broken samples came after a tool error, a state no rewarded row holds),
+    and finding that out took a re-run of the check."""
+    last = (row.get("input_messages") or [{}])[-1]
+    return f"{last.get('role') or '?'}: {(last.get('content') or '')[:80]}"
+
+
 def _score(cfg: TrainConfig, folder: str | None, tok, features: list[dict], prompts, tools, settings, plan) -> dict:
     from nightshift.trainer.model import load_version
 
@@ -288,6 +304,7 @@ def _score(cfg: TrainConfig, folder: str | None, tok, features: list[dict], prom
         samples = _generate(model, tok, prompts, settings.max_tokens)
         out["valid"] = [ended and valid_output(text, t) for (text, ended), t in zip(samples, tools)]
         out["first_sample"] = samples[0][0][:200]
+        out["samples"] = [text[:SHOWN] + ("" if ended else " [cut at max_tokens]") for text, ended in samples]
     del model
     return out
 
@@ -443,7 +460,7 @@ def gate(candidate: str, published: str | None, train_cfg: TrainConfig, settings
         feats = pg_features(held)
         c = _score(cfg, candidate, tok, feats, prompts, tools, settings, plan)
         p = _score(cfg, published, tok, feats, prompts, tools, settings, plan)
-        _judge(decision, held, c, p, settings, fallback)
+        _judge(decision, held, c, p, settings, fallback, [asked(held[i].row) for i in chosen])
     if settings.command:
         decision.command = _command(settings, candidate, published, cfg.base_model)
         verdict = command_verdict(decision.command)
@@ -475,8 +492,9 @@ def paired_upper_bound(candidate: list, serving: list, confidence: float) -> flo
 
 
 def _judge(decision: GateDecision, held: list, c: dict, p: dict, settings: GateSettings,
-           fallback: list[dict] | None = None) -> None:
-    """Fill the decision from both models' scores."""
+           fallback: list[dict] | None = None, prompts_asked: list[str] | None = None) -> None:
+    """Fill the decision from both models' scores (`prompts_asked`: each sampled
+    prompt's last message, `asked`, so the log shows where the candidate broke)."""
     pairs = ranking_pairs(held, settings.max_pairs, fallback)
     reasons, failed = [], []
     for who, scores, metrics in (("candidate", c, decision.candidate_metrics), ("published", p, decision.published_metrics)):
@@ -526,6 +544,16 @@ def _judge(decision: GateDecision, held: list, c: dict, p: dict, settings: GateS
                       f"{100 * pm['valid_share']:.1f} % on the same prompts, "
                       f"{100 * settings.validity_confidence:.0f} % upper bound of the difference "
                       f"{100 * upper:+.1f} points (blocks below -{100 * settings.validity_margin:.0f})"}
+        broke = [k for k, (a, b) in enumerate(zip(c["valid"], p["valid"])) if b and not a]
+        if broke and "samples" in c and "samples" in p:
+            cm["broke"] = [{"after": prompts_asked[k] if prompts_asked else "", "candidate": c["samples"][k],
+                            "serving": p["samples"][k]} for k in broke[:BROKE_KEPT]]
+            first = cm["broke"][0]
+            roles = Counter(prompts_asked[k].split(":", 1)[0] for k in broke) if prompts_asked else Counter()
+            where = ", ".join(f"{n} after a {r} message" for r, n in roles.most_common())
+            decision.checks["generation"]["detail"] += (
+                f"; {len(broke)} where only the candidate's was not" + (f" ({where})" if where else "") + ", e.g. "
+                + (f"after {first['after']!r}: " if first["after"] else "") + f"{first['candidate'][:80]!r}")
         (reasons if ok else failed).append("valid outputs held" if ok else "breaks the output format")
     if "nll_rewarded" in cm and "nll_rewarded" in pm:
         decision.checks["nll of rewarded calls"] = {
