@@ -857,28 +857,45 @@ def _assign_credit(kept: columnar.Kept, traces: _Traces, span_obs: dict[str, lis
     return rows, out
 
 
-def _plain_trajectory(key: str, tids: list[str], calls: tuple[int, int], first_user: str | None, traces: _Traces,
-                      span_obs: dict[str, list[Observation]], ctx: _Ctx, built: columnar.Trajectories) -> None:
-    """`_trajectory_rows` for a trajectory whose rows `columnar.rows` makes: what it
-    decides once per trajectory (window, settling, outcome, group), added to `built`."""
-    cfg, summary = ctx.cfg, ctx.summary
-    settle_ns = int(cfg.settle * 1e9)
+def _placed(tids: list[str], traces: _Traces, ctx: _Ctx):
+    """(infos, day, start_ns, session, rooted) of a trajectory this build writes, or
+    None when it started outside the window or may still grow (counted, and the
+    waiting one remembered for the next build). One function for the columnar and the
+    Python rows, so both place a trajectory on the same day by the same clock."""
+    summary = ctx.summary
+    settle_ns = int(ctx.cfg.settle * 1e9)
     infos = [traces.info[t] for t in tids]
     last = max(i["last_received"] or 0 for i in infos)
     rooted = all(i["root_ended"] for i in infos)
+    # a trajectory belongs to the day it started; one whose spans have no start time
+    # (0 in OTLP), to the day the collector filed them under: the day they arrived
     starts = [i["first_start"] for i in infos if i["first_start"] is not None]
     start_ns = min(starts) if starts else min(i["first_received"] or 0 for i in infos)
     day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
     if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
             or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
         summary.outside_window += 1
-        return
+        return None
     session = next((i["session"] for i in infos if i["session"]), None)
+    # settled once nothing arrived for `settle` by the build's clock (six times that
+    # for a trajectory whose root never ended): the same clock decides in every build
     settle_at = last + (settle_ns if rooted else 6 * settle_ns)
     if settle_ns > 0 and ctx.now_ns < settle_at:
         summary.waiting += 1
         _seen(ctx, day.isoformat(), tids, infos, settle_at, session, [])
+        return None
+    return infos, day, start_ns, session, rooted
+
+
+def _plain_trajectory(key: str, tids: list[str], calls: tuple[int, int], first_user: str | None, traces: _Traces,
+                      span_obs: dict[str, list[Observation]], ctx: _Ctx, built: columnar.Trajectories) -> None:
+    """`_trajectory_rows` for a trajectory whose rows `columnar.rows` makes: what it
+    decides once per trajectory (window, settling, outcome, group), added to `built`."""
+    cfg, summary = ctx.cfg, ctx.summary
+    placed = _placed(tids, traces, ctx)
+    if placed is None:
         return
+    infos, day, start_ns, session, rooted = placed
     trajectory_id = key if not key.startswith("conversation:") else _hash(key)
     best = outcome([o for t in tids for o in span_obs.get(t, [])], cfg.reward.name, cfg.reward.prefer)
     R, R_src = (best.value, best.detail) if best else (None, None)
@@ -910,30 +927,12 @@ def _trajectory_rows(key: str, calls: list[dict], tids: list[str], traces: _Trac
     """One trajectory's rows: none while it may still grow (settling) or when it
     started outside the window."""
     cfg, summary = ctx.cfg, ctx.summary
-    trace_info = traces.info
-    settle_ns = int(cfg.settle * 1e9)
     rows: list[dict] = []
     steps = sorted(calls, key=lambda r: (r["start_ns"] or 0, r["span_id"]))
-    infos = [trace_info[t] for t in tids]
-    last = max(i["last_received"] or 0 for i in infos)
-    rooted = all(i["root_ended"] for i in infos)
-    # a trajectory belongs to the day it started; one whose spans have no start time
-    # (0 in OTLP), to the day the collector filed them under: the day they arrived
-    starts = [i["first_start"] for i in infos if i["first_start"] is not None]
-    start_ns = min(starts) if starts else min(i["first_received"] or 0 for i in infos)
-    day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
-    if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
-            or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
-        summary.outside_window += 1
+    placed = _placed(tids, traces, ctx)
+    if placed is None:
         return []
-    session = next((i["session"] for i in infos if i["session"]), None)
-    # settled once nothing arrived for `settle` by the build's clock (six times that
-    # for a trajectory whose root never ended): the same clock decides in every build
-    settle_at = last + (settle_ns if rooted else 6 * settle_ns)
-    if settle_ns > 0 and ctx.now_ns < settle_at:
-        summary.waiting += 1
-        _seen(ctx, day.isoformat(), tids, infos, settle_at, session, [])
-        return []
+    infos, day, start_ns, session, rooted = placed
     if not rooted:
         for s in steps:
             s["flags"].append("orphan")
