@@ -887,6 +887,20 @@ def _placed(tids: list[str], traces: _Traces, ctx: _Ctx):
     return infos, day, start_ns, session, rooted
 
 
+def _rated(best: Observation | None, ctx: _Ctx) -> tuple[float | None, str | None]:
+    """A trajectory's outcome and where it came from (`reward.default` when nothing
+    rated it), counted in the summary: one function for the columnar and the Python rows."""
+    cfg, summary = ctx.cfg, ctx.summary
+    R, R_src = (best.value, best.detail) if best else (None, None)
+    if best is None and cfg.reward.default:
+        R, R_src = float(cfg.reward.default), "default"
+    if R is None:
+        summary.unrated += 1
+    else:
+        summary.rewards_by_source[R_src.split(":", 1)[0] if R_src != "default" else "default"] += 1
+    return R, R_src
+
+
 def _plain_trajectory(key: str, tids: list[str], calls: tuple[int, int], first_user: str | None, traces: _Traces,
                       span_obs: dict[str, list[Observation]], ctx: _Ctx, built: columnar.Trajectories) -> None:
     """`_trajectory_rows` for a trajectory whose rows `columnar.rows` makes: what it
@@ -898,13 +912,7 @@ def _plain_trajectory(key: str, tids: list[str], calls: tuple[int, int], first_u
     infos, day, start_ns, session, rooted = placed
     trajectory_id = key if not key.startswith("conversation:") else _hash(key)
     best = outcome([o for t in tids for o in span_obs.get(t, [])], cfg.reward.name, cfg.reward.prefer)
-    R, R_src = (best.value, best.detail) if best else (None, None)
-    if best is None and cfg.reward.default:
-        R, R_src = float(cfg.reward.default), "default"
-    if R is None:
-        summary.unrated += 1
-    else:
-        summary.rewards_by_source[R_src.split(":", 1)[0] if R_src != "default" else "default"] += 1
+    R, R_src = _rated(best, ctx)
     g = cfg.group_by
     group_text = (None if g == "none" else session if g == "conversation" else
                   (infos[0]["group_attr"] if infos else None) if g.startswith("attribute:") else first_user)
@@ -940,13 +948,7 @@ def _trajectory_rows(key: str, calls: list[dict], tids: list[str], traces: _Trac
     trajectory_id = key if not key.startswith("conversation:") else _hash(key)
     observations = _observations(trajectory_id, tids, session, steps, span_obs, ctx)
     best = outcome(observations, cfg.reward.name, cfg.reward.prefer)
-    R, R_src = (best.value, best.detail) if best else (None, None)
-    if best is None and cfg.reward.default:
-        R, R_src = float(cfg.reward.default), "default"
-    if R is None:
-        summary.unrated += 1
-    else:
-        summary.rewards_by_source[R_src.split(":", 1)[0] if R_src != "default" else "default"] += 1
+    R, R_src = _rated(best, ctx)
     step_rewards = _per_step_rewards(observations, best, steps, cfg) if cfg.credit.strategy == "per_step" else {}
     credits = credit.assign(len(steps), R, R_src, step_rewards, cfg.credit.strategy, cfg.credit.gamma)
     if cfg.credit.tool_error_penalty:
