@@ -197,6 +197,13 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
             out.append(f"{agent}: prompt canary {busy[0].get('version')} is still being judged (see the watch): no "
                        "new candidate tonight")
             continue
+        t = (tonight or {}).get(agent)
+        if t is not None and t.kind == "weights":
+            # said before any reason the prompt could not go: the fallback (`only`) runs this agent again and
+            # says that reason then, once, if the adapter has nothing to try
+            out.append(f"{agent}: the adapter's turn tonight ({t.why}); the prompt waits unless the adapter has "
+                       "nothing to try")
+            continue
         current = getattr(table.agent(agent), "current", None)
         if current is not None and current.shared_with:
             # the route matches a prompt, not an agent: a candidate would reach the others' conversations too
@@ -213,11 +220,6 @@ def optimize_prompts(apo_cfg, table, default: str, agents: dict, route_url: str,
         if adapter_canary is not None and wants(kind_of(agent, default, agents), "weights"):
             out.append(f"{agent}: refused a prompt canary: adapter canary {adapter_canary.get('version')} is being "
                        "judged on the model it calls; one experiment per agent at a time")
-            continue
-        t = (tonight or {}).get(agent)
-        if t is not None and t.kind == "weights":
-            out.append(f"{agent}: the adapter's turn tonight ({t.why}); the prompt waits unless the adapter has "
-                       "nothing to try")
             continue
         turn_why = f" (the prompt's turn: {t.why})" if t is not None else ""
         try:

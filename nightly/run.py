@@ -316,14 +316,15 @@ def _prompt_fallback(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -
     if not waited or state.get("published"):
         return
     why = state.get("outcome") or "no adapter was published"
-    state["prompts"] = [*state.get("prompts", []), *(f"{a}: the adapter had nothing to try tonight ({why}): the "
-                                                     "prompt goes instead" for a in waited)]
-    table = _prompt_table(apo_cfg, state, "prompts")
-    if table is None:
-        return
-    trial = _canary(checkpoints, n)
-    state["prompts"] += experiments.optimize_prompts(apo_cfg, table, n.experiments, n.agents, n.canary.route_url,
-                                                     n.canary.route_token, n.prompts.share, trial, only=waited)
+    said = {"prompts": [f"{a}: the adapter had nothing to try tonight ({why}): the prompt goes instead"
+                        for a in waited]}
+    table = _prompt_table(apo_cfg, said, "prompts")
+    if table is not None:
+        said["prompts"] += experiments.optimize_prompts(apo_cfg, table, n.experiments, n.agents, n.canary.route_url,
+                                                        n.canary.route_token, n.prompts.share, _canary(checkpoints, n),
+                                                        only=waited)
+    # added to the state in one step: a failure on the way saves it as it was, and the resumed stage says it once
+    state["prompts"] = [*state.get("prompts", []), *said["prompts"]]
 
 
 def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,

@@ -126,3 +126,59 @@ def test_both_takes_turns_falls_back_and_keeps_its_decision_through_a_crash(tmp_
     running = trials.running(trials.read(apo.store()))
     assert len(running) == 1 and running[0]["version"] != "v0001"
     assert state["prompts"][-1].startswith(f"solver: prompt candidate {running[0]['version']} (")
+
+
+def test_a_fallback_night_says_why_the_prompt_cannot_go_once(tmp_path, monkeypatch):
+    """An agent on `both` whose promoted prompt the route applies, on the adapter's
+    turn, on a night the adapter has nothing to try: the prompt stage and the fallback
+    both used to run its refusals, so the report said "promoted prompt ... is applied"
+    twice. It waits in the prompt stage, and the fallback says why it cannot go, once.
+    Nothing here reaches the route (the refusal comes before any call to it) and the
+    watch is off, so no process starts."""
+    from pathlib import Path
+
+    from nightshift.judge.watch import WatchSettings
+    from nightshift.prompts.versions import by_agent
+
+    data = tmp_path / "data"
+    _spans(data, 12, "a")
+    tcfg = TransformConfig()
+    tcfg.data, tcfg.settle = str(data), 0
+    trcfg = TrainConfig()
+    trcfg.output, trcfg.base_model = str(tmp_path / "ck"), str(tmp_path / "no-such-model")
+    trcfg.select.agents = "nobody"  # the adapter has nothing to train on
+    n = NightlyConfig(experiments="both", canary=CanarySettings(route_url="http://127.0.0.1:9"),
+                      watch=WatchSettings(enabled=False))
+    apo = ApoConfig(data=str(data), base_url="http://127.0.0.1:9", model="any", candidates=1, timeout=5.0, retries=0)
+    day = dt.datetime.now(dt.timezone.utc)
+    code, state = run(tcfg, trcfg, n, now=day, apo_cfg=apo)
+    assert code == 0, state.get("error")
+    # production promoted a candidate of solver's prompt: the prompt went last, so tonight is the adapter's turn
+    match = by_agent(str(data), names=False).agent("solver").current.version.system_hash
+    for role, extra in (("canary", {}), ("canary_end", {"outcome": "promoted"})):
+        trials.append(apo.store(), {"agent": "solver", "role": role, "match": match, "candidate": "b" * 12,
+                                    "version": "v0001", "time": (day - dt.timedelta(hours=1)).isoformat(), **extra})
+    _spans(data, 6, "b")
+    # the fallback fails once on the way (its prompt round raises) and is resumed: what it said before the
+    # failure is not said twice either
+    real = experiments.optimize_prompts
+
+    def fails_in_the_fallback(*args, only=None, **kw):
+        if only is not None:
+            raise OSError("the disk went away")
+        return real(*args, only=only, **kw)
+
+    monkeypatch.setattr(experiments, "optimize_prompts", fails_in_the_fallback)
+    code, state = run(tcfg, trcfg, n, now=day + dt.timedelta(days=1), apo_cfg=apo)
+    assert code == EXIT_FAILED and state["stage"] == "fallback", state.get("error")
+    monkeypatch.setattr(experiments, "optimize_prompts", real)
+    code, state = run(tcfg, trcfg, n, now=day + dt.timedelta(days=1, hours=1), apo_cfg=apo)
+    assert code == 0, state.get("error")
+    assert sum("the adapter had nothing to try tonight" in x for x in state["prompts"]) == 1, state["prompts"]
+    assert state["deferred"] == ["solver"] and state["outcome"].startswith("nothing new to train on")
+    said = [x for x in state["prompts"] if "promoted prompt v0001 is applied" in x]
+    assert len(said) == 1, state["prompts"]
+    assert state["prompts"][0].startswith("solver: the adapter's turn tonight (prompt candidate v0001 went last")
+    assert state["prompts"][1].startswith("solver: the adapter had nothing to try tonight (nothing new to train on")
+    assert state["prompts"][2] == said[0]
+    assert Path(state["report"]).read_text().count("promoted prompt v0001 is applied") == 1
