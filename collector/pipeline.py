@@ -36,9 +36,11 @@ class Pipeline:
 
     def admit(self, client: str = "") -> "_Slot":
         """A context manager holding one of the client's slots and one of the
-        collector's, or Throttled / Overloaded at once. The client's own limit
-        is checked first, so a noisy client is turned away before it can take
-        one of the shared slots."""
+        collector's, or Throttled / Overloaded at once. A log at its cap refuses
+        first (`WriteAheadLog.check_room`: nobody's request could be kept, so none
+        is read). Then the client's own limit, so a noisy client is turned away
+        before it can take one of the shared slots."""
+        self.log.check_room()
         self.limits.acquire(client)
         if not self._slots.acquire(blocking=False):
             self.limits.release(client)

@@ -232,6 +232,7 @@ class WriteAheadLog:
         self._roll_requested = False
         self._sealed_bytes = 0
         self._sealed_checked = 0.0
+        self._refused_size = 0  # the record last refused for the cap, until one is taken (check_room)
         self._last_id = 0
         self._thread: threading.Thread | None = None
         self.on_sync = None  # callback(seconds, records) for metrics
@@ -319,6 +320,37 @@ class WriteAheadLog:
         self._sealed_bytes = total
         self._sealed_checked = now
 
+    def check_room(self) -> None:
+        """Raises Overloaded at once when the log has no room now: called before a
+        request is read, so a collector held at its cap refuses for the price of a
+        comparison. Under sustained overload every refused request used to be read,
+        decompressed, parsed and validated before `append` refused it, CPU taken
+        from the flusher, the one thing that frees room. A request's record size is
+        not known before it is parsed (decompression, OTLP/JSON and redaction all
+        change it), so room means room for the record `append` last refused for the
+        cap (a record that can never fit is not waited for): once the log is at its
+        cap, one request pays the parse and the rest are refused unread until the
+        flusher frees a segment."""
+        with self._cond:
+            if self._closing:
+                raise Overloaded("collector is shutting down", retry_after=1.0)
+            if self.lost:
+                raise Overloaded(self.lost, retry_after=5.0)
+            need = self._refused_size or 1
+            if self.bytes_on_disk + self._batch.size + need <= self.cap_bytes:
+                return
+            self._refresh_sealed()  # the folder listed at most every 0.1 s, not per refused request
+            if self.bytes_on_disk + self._batch.size + need > self.cap_bytes:
+                raise self._over_cap()
+
+    def _over_cap(self) -> Overloaded:
+        """The cap's refusal; the active segment goes to the flusher, or nothing
+        could free room before the segment's roll interval."""
+        self._roll_requested = True
+        self._cond.notify_all()
+        return Overloaded(f"write-ahead log is over its {self.cap_bytes}-byte cap; the flusher is catching up",
+                          retry_after=1.0)
+
     def append(self, kind: int, payload: bytes, received_ns: int | None = None) -> None:
         """Returns once the record is durable; raises Overloaded if it cannot be."""
         head = record_header(kind, received_ns or time.time_ns(), payload)
@@ -331,14 +363,11 @@ class WriteAheadLog:
             if self.bytes_on_disk + self._batch.size + size > self.cap_bytes:
                 self._refresh_sealed(force=True)
                 if self.bytes_on_disk + self._batch.size + size > self.cap_bytes:
-                    self._roll_requested = True  # let the flusher take the active segment
-                    self._cond.notify_all()
-                    raise Overloaded(
-                        f"write-ahead log is over its {self.cap_bytes}-byte cap; the flusher is catching up",
-                        retry_after=1.0,
-                    )
+                    self._refused_size = size if size <= self.cap_bytes else 0
+                    raise self._over_cap()
             if self._batch.size + size > self.max_pending_bytes:
                 raise Overloaded("too many bytes waiting for the disk", retry_after=0.5)
+            self._refused_size = 0
             batch = self._batch
             batch.records.append(head)
             batch.records.append(payload)

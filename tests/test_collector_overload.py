@@ -1,0 +1,130 @@
+"""A sidecar at its WAL cap turns requests away before doing their work (issue 28
+item 6): under sustained overload every refused request used to be read,
+decompressed, parsed, validated and serialized, then refused by the log, and that
+CPU came out of the flusher's, the one thing that frees room. Cheap: no servers,
+a log a few KiB large (well under a second in all)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from nightshift.collector import errors, grpc_server, wal
+from nightshift.collector.http_server import make_post
+from nightshift.collector.metrics import Metrics
+from nightshift.collector.pipeline import Pipeline
+from nightshift.collector.redact import Redactor
+
+CAP = 8192
+RECORD = 3000  # two fit under the cap, a third does not
+
+
+def _pipeline(tmp_path, records: int) -> Pipeline:
+    log = wal.WriteAheadLog(tmp_path / "wal", roll_interval=3600, cap_bytes=CAP, sync=False)
+    log.open()
+    for _ in range(records):
+        log.append(wal.KIND_TRACES, b"x" * RECORD)
+    return Pipeline(log, Redactor.from_config([], [], []), Metrics(), 8)
+
+
+@pytest.fixture
+def full(tmp_path):
+    """A pipeline whose log is at its cap: two records in, a third refused."""
+    p = _pipeline(tmp_path, 2)
+    with pytest.raises(errors.Overloaded, match="cap"):
+        p.log.append(wal.KIND_TRACES, b"x" * RECORD)
+    yield p
+    p.log.close()
+
+
+def test_http_request_that_cannot_fit_is_refused_unread(full):
+    post = make_post(full, token="", limit=1 << 20)
+    read, skipped = [], []
+
+    def read_body() -> bytes:
+        read.append(True)
+        return b"\x0a" * RECORD  # never parsed if the refusal comes first
+
+    def skip_body() -> bool:
+        skipped.append(True)
+        return True
+
+    r = post("/v1/traces", {"content-type": "application/x-protobuf"}, read_body, "agent", skip_body)
+    assert (r.code, read, skipped) == (503, [], [True])
+    assert int(r.headers["Retry-After"]) >= 1
+    assert not r.close  # the body was drained: the client keeps its connection
+
+
+def test_a_log_with_room_takes_requests_and_a_huge_refused_record_is_not_waited_for(tmp_path):
+    p = _pipeline(tmp_path, 2)
+    post = make_post(p, token="", limit=1 << 20)
+    assert post("/v1/traces", {"content-type": "application/x-protobuf"}, lambda: b"", "agent").code == 200
+    with pytest.raises(errors.Overloaded):
+        p.log.append(wal.KIND_TRACES, b"x" * (2 * CAP))  # can never fit: refused alone
+    p.log.check_room()  # smaller records still fit
+    p.log.close()
+
+
+class StandInContext:
+    """The part of grpc.ServicerContext the Export handler uses (a stand-in: the
+    servers' own tests run the real one)."""
+
+    def __init__(self) -> None:
+        self.code = None
+        self.trailers: tuple = ()
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:40000"
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def set_trailing_metadata(self, md) -> None:
+        self.trailers = md
+
+    def abort(self, code, details) -> None:
+        self.code = code
+        raise RuntimeError(details)
+
+
+def test_grpc_request_that_cannot_fit_is_refused_unparsed(full):
+    export = grpc_server.make_export("traces", full, "", 1 << 20)
+    ctx = StandInContext()
+    with pytest.raises(RuntimeError, match="cap"):
+        export(b"\xff" * RECORD, ctx)  # not protobuf: parsed, it would be INVALID_ARGUMENT
+    assert ctx.code == grpc.StatusCode.UNAVAILABLE
+    assert "google.rpc.retryinfo-bin" in dict(ctx.trailers)
+
+
+def test_a_refusal_hands_the_log_to_the_flusher_and_room_returns(full, tmp_path):
+    """Refused early, the active segment must still be sealed for the flusher (as
+    the log's own refusal does): otherwise a log at its cap waits for its roll
+    interval (an hour here) before anything can free room."""
+    with pytest.raises(errors.Overloaded, match="cap"):
+        full.log.check_room()
+    d = tmp_path / "wal"
+    sealed = _poll(lambda: wal.sealed_segments(d))
+    assert sealed, "the refused log did not hand its active segment to the flusher"
+    for p in sealed:  # the flusher's work: Parquet written, segment deleted
+        p.unlink()
+    assert _poll(lambda: _has_room(full.log)), "no room after the flusher freed the log"
+    full.log.append(wal.KIND_TRACES, b"x" * RECORD)  # the refused record's size fits now
+
+
+def _has_room(log: wal.WriteAheadLog) -> bool:
+    try:
+        log.check_room()
+    except errors.Overloaded:
+        return False
+    return True
+
+
+def _poll(fn, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.01)
