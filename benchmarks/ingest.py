@@ -20,6 +20,11 @@ What it does, in one run:
    (HTTP keep-alive POSTs or raw-bytes gRPC `Export` calls) for:
    warm-up -> full load (closed loop) -> wait until Parquet has everything ->
    half of the measured peak (rate-limited, open loop) -> wait -> SIGTERM.
+   Then, unless `--overload-cap 0`, a second collector whose WAL is capped
+   (`--overload-cap`, 128 MiB) runs at that cap under the same full load: what
+   the clients get (acknowledged, told 503), what reaches Parquet meanwhile, the
+   backlog and the RSS, beside the unthrottled figures (issue 28 item 6: a
+   sidecar that cannot keep up must push back, not fill its disk).
 4. Prints throughput (total, per collector core), sustained throughput to
    Parquet, ack latencies, RSS (receiver and flusher, sampled every 100 ms), and
    checks the Parquet row count against what was acknowledged; last, the sidecar's
@@ -346,8 +351,9 @@ class RssStats:
 
 
 class Collector:
-    def __init__(self, root: Path, flush_interval: float):
+    def __init__(self, root: Path, flush_interval: float, env: dict[str, str] | None = None):
         self.root = root
+        self.env = env or {}
         self.data = root / "data"
         self.wal = root / "wal"
         self.log_path = root / "collector.log"
@@ -365,7 +371,7 @@ class Collector:
             "--data", str(self.data), "--wal", str(self.wal),
             "--grpc", f"127.0.0.1:{self.grpc_port}", "--http", f"127.0.0.1:{self.http_port}",
         ]
-        env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": str(self.flush_interval)}
+        env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": str(self.flush_interval), **self.env}
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.root)
         self.ps = psutil.Process(self.proc.pid)
@@ -609,8 +615,11 @@ class Processes:
     coll: Collector | None = None
     senders: SenderPool | None = None
     sampler: Sampler | None = None
+    backlog: "BacklogSampler | None" = None
 
     def kill(self) -> None:
+        if self.backlog is not None:
+            self.backlog.stop()
         if self.sampler is not None:
             self.sampler.stop()
         if self.senders is not None:
@@ -659,6 +668,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--secret-fraction", type=float, default=0.0,
                     help="fraction of spans whose user message contains an API key (exercises redaction); default 0")
     ap.add_argument("--drain-timeout", type=float, default=300.0, help="max seconds to wait for Parquet to catch up")
+    ap.add_argument("--overload-cap", type=float, default=128.0,
+                    help="MiB: the WAL cap of the sustained-overload run (a second collector per size, held at its cap "
+                         "by full load: clients get 503 past it); 0 skips it (default 128)")
+    ap.add_argument("--overload-seconds", type=float, default=None,
+                    help="measured seconds at the cap, after as many seconds filling it (default: --seconds)")
     ap.add_argument("--peer-persist-timeout", type=float, default=120.0,
                     help="max seconds after the peer's load to wait for its spans to be persisted (default 120)")
     args = ap.parse_args()
@@ -668,6 +682,8 @@ def parse_args() -> argparse.Namespace:
         args.sizes = [float(x) for x in args.span_kb.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--span-kb takes sizes in KB separated by commas (1,5), not {args.span_kb!r}")
+    if args.overload_cap < 0 or (args.overload_seconds is not None and args.overload_seconds <= 0):
+        ap.error("--overload-cap takes MiB (0 skips the overload run) and --overload-seconds a positive duration")
     if not args.sizes or any(k < 0 for k in args.sizes):
         ap.error(f"--span-kb takes sizes in KB separated by commas (1,5), not {args.span_kb!r}")
     return args
@@ -759,6 +775,149 @@ def count_stored(coll: Collector) -> Stored:
     rows = lf.select(pl.len()).collect().item()
     unique = lf.select(pl.struct("trace_id", "span_id").n_unique()).collect().item()
     return Stored(rows, unique, spans_left_in_wal(coll.wal))
+
+
+# --------------------------------------------------------------------------------------
+# Sustained overload: the sidecar held at its WAL cap
+# --------------------------------------------------------------------------------------
+
+WAL_BYTES = "nightshift_wal_bytes"
+FLUSH_LAG = "nightshift_flush_lag_seconds"
+
+
+class BacklogSampler(threading.Thread):
+    """The collector's backlog (WAL bytes, flush lag) and its flushed-span counter
+    every 250 ms. Under overload the durable rate is the counter's slope over the
+    phase: the senders' totals count acknowledgements, and a drain afterwards would
+    credit the flusher with time the load no longer ran."""
+
+    def __init__(self, coll: Collector):
+        super().__init__(name="backlog-sampler", daemon=True)
+        self.coll = coll
+        self.samples: list[tuple[float, float, float, float]] = []  # (perf_counter, WAL bytes, lag s, flushed spans)
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(0.25):
+            try:
+                m = metrics(self.coll.http_port)
+            except OSError:
+                continue
+            nan = float("nan")
+            self.samples.append((time.perf_counter(), m.get(WAL_BYTES, nan), m.get(FLUSH_LAG, nan), m.get(FLUSHED, nan)))
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(5)
+
+
+@dataclass
+class Overload:
+    """A collector whose WAL is capped, under more load than it flushes: what the
+    clients got (acknowledged, told 503) and what reached Parquet meanwhile."""
+
+    cap: int  # bytes
+    fill: Phase
+    phase: Phase
+    samples: list[tuple[float, float, float, float]]
+    rss: RssStats
+    drain: Drain
+    rc: int
+    stored: Stored
+
+    @property
+    def total_acked(self) -> int:
+        return self.fill.acked_spans + self.phase.acked_spans
+
+    def _window(self) -> list[tuple[float, float, float, float]]:
+        return [x for x in self.samples if self.phase.start <= x[0] <= self.phase.end]
+
+    @property
+    def durable(self) -> float:
+        """Spans/s written to Parquet while the phase ran (NaN: too few samples)."""
+        w = self._window()
+        if len(w) < 2 or w[-1][0] <= w[0][0]:
+            return float("nan")
+        return (w[-1][3] - w[0][3]) / (w[-1][0] - w[0][0])
+
+    def backlog_mib(self) -> tuple[float, float, float]:
+        """WAL MiB at the phase's start, its mean and its peak."""
+        w = self._window()
+        if not w:
+            return (float("nan"),) * 3
+        b = [x[1] / MB for x in w]
+        return b[0], sum(b) / len(b), max(b)
+
+    @property
+    def lag_max(self) -> float:
+        return max((x[2] for x in self._window()), default=float("nan"))
+
+    @property
+    def lost(self) -> int:
+        return max(0, self.total_acked - self.stored.unique - self.stored.in_wal)
+
+
+def measure_overload(tmp: Path, templates: list[Template], args: argparse.Namespace, procs: Processes) -> Overload:
+    """A second collector, its WAL capped at --overload-cap MiB, under full load
+    (closed loop): a fill phase takes the log to the cap, then the measured phase
+    runs at it, the clients told 503 + Retry-After past it, as a sidecar whose
+    agents send more than it can flush is. Then the drain, SIGTERM, and the count
+    of what Parquet holds against what was acknowledged."""
+    cap = int(args.overload_cap * MB)
+    tmp.mkdir(parents=True, exist_ok=True)
+    coll = procs.coll = Collector(tmp, args.flush_interval, {"NIGHTSHIFT_COLLECTOR_WAL_CAP_BYTES": str(cap)})
+    port = coll.http_port if args.transport == "http" else coll.grpc_port
+    # spawned, not forked: this process has threads by now (polars' pool)
+    senders = procs.senders = SenderPool(args.senders, args.transport, port, templates, start_method="spawn",
+                                         name="overload-sender")
+    log(f"overload: a collector with its WAL capped at {args.overload_cap:g} MiB")
+    coll.start()
+    sampler = procs.sampler = Sampler(coll)
+    sampler.start()
+    backlog = procs.backlog = BacklogSampler(coll)
+    backlog.start()
+    seconds = args.overload_seconds or args.seconds
+    fill_s = max(2.0, seconds / 2)
+    log(f"overload: filling the WAL, full load {fill_s:.0f} s")
+    fill = run_phase(senders, coll, sampler, "overload fill", fill_s, None, args.spans_per_request)
+    log(f"overload: at the cap, full load {seconds:.0f} s")
+    phase = run_phase(senders, coll, sampler, "overload", seconds, None, args.spans_per_request)
+    backlog.stop()
+    procs.backlog = None
+    sampler.label = "overload drain"
+    drain = wait_flushed(coll, fill.acked_spans + phase.acked_spans, args.drain_timeout)
+    senders.stop()
+    procs.senders = None
+    rc, _ = coll.stop()
+    sampler.stop()
+    stored = count_stored(coll)
+    coll.kill()
+    procs.coll = procs.sampler = None
+    return Overload(cap, fill, phase, backlog.samples, sampler.stats.get("overload", RssStats()), drain, rc, stored)
+
+
+def report_overload(rep: harness.Report, args: argparse.Namespace, over: Overload, load: Load) -> None:
+    ph = over.phase
+    start, mean, peak = over.backlog_mib()
+    rss = over.rss
+    rep.say()
+    rep.say(f"sustained overload (a second collector, WAL capped at {over.cap / MB:g} MiB, full load {args.senders} "
+            f"{args.transport} senders, closed loop; a refused sender waits 0.1 s and sends new spans):")
+    rep.extend(phase_lines(ph))
+    rep.say(f"  acknowledged {fmt(ph.rate)} spans/s; to Parquet while it ran {fmt(over.durable)} spans/s "
+            f"(the flushed counter's slope); told 503: {ph.refused / ph.elapsed:.1f} requests/s")
+    rep.say(f"  backlog (WAL): {start:.0f} MiB at the start, mean {mean:.0f}, peak {peak:.0f} MiB; Parquet at most "
+            f"{over.lag_max:.1f} s behind")
+    rep.say(f"  RSS: receiver max {rss.max_r:.0f} MiB, flusher max {rss.max_f:.0f} MiB, sum max {rss.max_sum:.0f} MiB "
+            f"({rss.max_sum * MB / 1e6:.0f} MB, anon {rss.max_anon_sum * MB / 1e6:.0f} MB)")
+    rep.say(f"  to Parquet under overload / unthrottled acknowledged rate ({fmt(load.full.rate)}/s): "
+            f"{over.durable / load.full.rate:.2f} (the share of the offered load the sidecar keeps; the capped run's "
+            f"own ratio, {over.durable / ph.rate:.2f}, is the cap at work, not the target)")
+    total = over.total_acked
+    rep.say(f"  verification: acknowledged {total:,} (fill + phase), Parquet rows {over.stored.rows:,} "
+            f"({over.stored.unique:,} distinct); lost {over.lost:,}, duplicated {over.stored.rows - over.stored.unique:,}; "
+            f"SIGTERM exit code {over.rc}" + ("" if over.drain.done else f"; NOT drained within {args.drain_timeout:.0f} s"))
 
 
 def measure_peer(args: argparse.Namespace, templates: list[Template]):
@@ -978,10 +1137,14 @@ class SizeRun:
     fig: Figures
     stored: Stored
     alone: dict
+    over: Overload | None = None
 
     @property
     def ok(self) -> bool:
-        return lost(self.load, self.stored) == 0 and self.stored.rows == self.stored.unique and self.load.rc == 0
+        over_ok = self.over is None or (self.over.lost == 0 and self.over.stored.rows == self.over.stored.unique
+                                        and self.over.rc == 0)
+        return lost(self.load, self.stored) == 0 and self.stored.rows == self.stored.unique and self.load.rc == 0 \
+            and over_ok
 
 
 def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
@@ -1006,6 +1169,21 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
         rep.say(f"    {f'~{r.kb:g} KB' if r.kb else '1-10 KB'}: {1e5 * a['cpu'] / a['spans']:.2f} CPU-s per 100k spans "
                 f"({fmt(a['per_cpu'])} spans per CPU-second), peak RSS {a['peak_mib']:.0f} MiB "
                 f"({a['imports_mib']:.0f} of them its imports); {steady_line(a)}")
+    overs = [r for r in runs if r.over is not None]
+    if overs:
+        rep.say(f"  under sustained overload (WAL capped at {overs[0].over.cap / MB:g} MiB, clients told 503 + Retry-After "
+                "past it): the throttled figures, beside the unthrottled ones above, NOT the target")
+        rep.say(f"  {'spans':>9} {'acknowledged/s':>15} {'to Parquet/s':>13} {'of unthrottled':>15} {'503/s':>6} "
+                f"{'backlog MiB':>12} {'lag s':>6} {'RSS MB':>7} {'anon MB':>8} {'lost/dup':>9}")
+        for r in overs:
+            o = r.over
+            _, mean, peak = o.backlog_mib()
+            rep.say(f"  {f'~{r.kb:g} KB' if r.kb else '1-10 KB':>9} {fmt(o.phase.rate):>15} {fmt(o.durable):>13} "
+                    f"{o.durable / r.load.full.rate:>15.2f} {o.phase.refused / o.phase.elapsed:>6.1f} "
+                    f"{f'{mean:.0f}/{peak:.0f}':>12} {o.lag_max:>6.1f} {o.rss.max_sum * MB / 1e6:>7.0f} "
+                    f"{o.rss.max_anon_sum * MB / 1e6:>8.0f} {f'{o.lost}/{o.stored.rows - o.stored.unique}':>9}")
+        rep.say("  (of unthrottled: to Parquet at the cap over the unthrottled acknowledged rate, what the 0.8x target "
+                "measures; backlog mean/peak; lag: how far Parquet fell behind, at most)")
     rep.say("  the flusher's own speed, and the ratio it reaches given a core (the measured ratio counts its wait "
             "for one on a machine the senders share):")
     for r in runs:
@@ -1050,8 +1228,12 @@ def run_size(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float
     rep.say()
     rep.say("Parquet codec trade-off (this run's spans converted once, written as the flusher writes them):")
     rep.extend(parquet_tradeoff(templates), indent="  ")
+    over = None
+    if args.overload_cap:
+        over = measure_overload(tmp / "overload", templates, args, procs)
+        report_overload(rep, args, over, load)
     report_summary(rep, load, fig, stored)
-    return SizeRun(kb, templates, load, fig, stored, alone)
+    return SizeRun(kb, templates, load, fig, stored, alone, over)
 
 
 def main() -> int:
