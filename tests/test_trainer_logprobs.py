@@ -337,14 +337,19 @@ def test_auto_takes_the_fused_head_only_where_it_may_read_the_weight(tok, monkey
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_fused_head_equals_ours(tok, monkeypatch):
     """On the device: "auto" runs TRL's fused head with its Triton fold (where
-    Triton is installed) and agrees with ours ("jacobian") in bf16, values and the
-    adapter's gradients. bf16 logits either way, folded in fp32: 2e-2 absolute on
-    log-probs, gradients 5e-2 relative (bf16 rounding of the logits' gradient)."""
+    Triton is installed) and agrees with ours ("jacobian") in bf16 on values, and
+    its adapter gradients are as close to the same model's fp32 gradients as ours
+    are. A direct bf16-vs-bf16 comparison of gradients failed on the lent H100
+    (a lora_A of layer 0 beyond 5e-2 relative) though both heads only differ in
+    where bf16 rounds: which one is off is only told by an fp32 reference."""
+    import copy
+
     device = torch.device("cuda")
     used: list[int] = []
     real = logprobs._fused_logprobs
     monkeypatch.setattr(logprobs, "_fused_logprobs", lambda *a: used.append(1) or real(*a))
-    model = model_for(tok, "qwen2", "lora").to(device, torch.bfloat16)
+    fp32 = model_for(tok, "qwen2", "lora").to(device)
+    model = copy.deepcopy(fp32).to(torch.bfloat16)
     batch = {k: v.to(device) for k, v in collate(features(tok), tok.pad_token_id, True).items()}
     weights = torch.linspace(-1.0, 2.0, batch["targets"].numel(), device=device)
     auto = logprobs.completion_logprobs(model, batch, temperature=0.7)
@@ -352,5 +357,16 @@ def test_gpu_fused_head_equals_ours(tok, monkeypatch):
     ours = logprobs.completion_logprobs(model, batch, temperature=0.7, method="jacobian")
     torch.testing.assert_close(auto, ours, atol=2e-2, rtol=0)
     g_auto, g_ours = grads_of(model, auto, weights), grads_of(model, ours, weights)
+    ref = logprobs.completion_logprobs(fp32, batch, temperature=0.7, method="jacobian")
+    g_ref = grads_of(fp32, ref, weights)
+    worst = []
     for name in g_ours:
-        torch.testing.assert_close(g_auto[name].float(), g_ours[name].float(), rtol=5e-2, atol=1e-3, msg=name)
+        scale = g_ref[name].abs().max().item() + 1e-6
+        e_auto = (g_auto[name].float() - g_ref[name]).abs().max().item() / scale
+        e_ours = (g_ours[name].float() - g_ref[name]).abs().max().item() / scale
+        worst.append((e_auto - e_ours, name, e_auto, e_ours))
+    worst.sort(reverse=True)
+    for d, name, e_auto, e_ours in worst[:5]:
+        print(f"{name}: fused {e_auto:.4f}, ours {e_ours:.4f} of the fp32 gradient's largest entry")
+    for _, name, e_auto, e_ours in worst:
+        assert e_auto <= max(2 * e_ours, 2e-2), (name, e_auto, e_ours)
