@@ -57,21 +57,20 @@ class Engine:
         #: Ray worker process -> [CPU-seconds of its tasks, its peak RSS in bytes]: what each worker did,
         #: in CPU-seconds, which other processes on a shared machine do not inflate as they do wall time
         self.usage: dict[str, list[float]] = {}
-        self._started = False
+        self._stop: Callable[[], None] | None = None  # set when this engine started (or joined) the cluster
 
     def __enter__(self) -> "Engine":
         if self.remote:
-            self._started = _init(self.settings)
+            self._stop = _init(self.settings)
             import ray
 
             self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._started:
-            import ray
-
-            ray.shutdown()
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
 
     def run(self, work: Callable[[J, object], D], jobs: list[J], shared: object = None,
             tick: Callable[[], None] = lambda: None) -> list[D]:
@@ -117,25 +116,65 @@ def check(settings) -> None:
             raise EngineError(f"cannot reach the Ray cluster at {address}: {why}")
 
 
-def _init(settings) -> bool:
-    """Connect to (or start) the cluster; True when this build started it."""
+def _init(settings) -> Callable[[], None] | None:
+    """Connect to (or start) the cluster; how to leave it when this build did either,
+    None when a caller's own ray.init is used as it is."""
     check(settings)
     import ray
 
     if ray.is_initialized():  # a caller's own ray.init (a notebook, a test): use it as it is
-        return False
+        return None
     address = settings.ray_address or os.environ.get("RAY_ADDRESS", "")
-    if address:
-        kwargs = {}
-    else:  # a local cluster for this build: no dashboard, a small object store (parts go through files)
-        kwargs = {"num_cpus": settings.workers or os.cpu_count() or 1, "include_dashboard": False,
-                  "object_store_memory": 128 << 20}
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of this machine for one build: no sign-in
     try:
-        ray.init(address=address or None, logging_level=logging.WARNING, **kwargs)
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING)
+            return ray.shutdown
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a cluster of this machine for one build: no sign-in
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing to report from a build's own cluster
+        cpus = settings.workers or os.cpu_count() or 1
+        try:
+            node = _head(cpus)
+        except (ImportError, AttributeError, TypeError):  # Ray's internals moved: its own start, all its processes
+            ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE,
+                     logging_level=logging.WARNING, log_to_driver=False)
+            return ray.shutdown
+        try:
+            ray.init(address=node.address, logging_level=logging.WARNING, log_to_driver=False)
+        except BaseException:
+            node.kill_all_processes(check_alive=False, allow_graceful=False)
+            raise
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise EngineError(f"cannot start or join the Ray cluster{' at ' + address if address else ''}: {e}") from None
-    return True
+
+    def stop() -> None:
+        ray.shutdown()  # the driver leaves; the processes are the node's to stop
+        node.kill_all_processes(check_alive=False, allow_graceful=True)
+
+    return stop
+
+
+#: The local cluster's object store: tasks get paths and return small summaries, parts go through files
+OBJECT_STORE = 128 << 20
+
+
+def _head(cpus: int):
+    """A local cluster's head node with the processes a build uses and no others.
+
+    `ray.init` starts the autoscaler's monitor and the log monitor too (and waits for
+    them): on a 2-core machine their start-up is about a CPU-second taken from the
+    workers, for a cluster that never scales and a driver that forwards no worker
+    output (`log_to_driver=False`: a task's error comes back with its result).
+    Ray's own `Node` (pinned, PIN) starts the head without them; the dashboard's
+    API server, its agent and the runtime-env agent stay, the raylet waits for them.
+    Not the node's exit hooks either (`shutdown_at_exit`: they replace the process's
+    SIGTERM handler); the engine stops the node, and the kernel's fate-sharing (or
+    Ray's reaper) stops it if this process dies."""
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    params = RayParams(num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE,
+                       include_log_monitor=False, no_monitor=True)
+    return Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
 
 
 def _remote(work, job, shared):

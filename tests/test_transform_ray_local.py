@@ -1,0 +1,107 @@
+"""Issue 28 item 3: the local cluster a Ray build starts for itself, and a running
+cluster it joins at an address. test_transform_ray.py runs its builds on the test's
+own `ray.init`, which the engine uses as it is; these run with no cluster up (a
+module of their own: the other module's cluster is gone by then).
+
+The local cluster is the build's fixed cost, paid again by every build: on a 2-core
+machine Ray's processes that a build does not use (the autoscaler's monitor, the log
+monitor) took about a CPU-second from the workers, so the engine starts without them,
+and stops the cluster without waiting a second per process. Two clusters start
+here, a few seconds each."""
+
+from __future__ import annotations
+
+import operator
+import os
+import time
+
+import psutil
+import pytest
+import ray
+
+from nightshift.transform import build as B
+from nightshift.transform import distributed
+from nightshift.transform.config import BuildConfig
+from test_transform_ray import cfg, mirror, same
+from traces import T0, Trace, genai_call, write_spans
+
+S = 10**9
+
+
+@pytest.fixture(autouse=True)
+def no_cluster(monkeypatch):
+    """No cluster up before (the engine would use it), none left after."""
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def ray_processes() -> dict[str, int]:
+    """This process's Ray children by kind (raylet, gcs_server, log_monitor, monitor, ...)."""
+    out: dict[str, int] = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        for kind in ("gcs_server", "raylet/raylet", "log_monitor.py", "autoscaler/_private/monitor.py"):
+            if kind in line:
+                out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+def gone(kinds=("gcs_server", "raylet/raylet"), within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not set(kinds) & set(ray_processes()):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after():
+    settings = BuildConfig(engine="ray", workers=2)
+    with distributed.Engine(settings) as engine:
+        running = ray_processes()
+        assert engine.cpus == 2
+        assert engine.run(operator.add, [1, 2, 3], 10) == [11, 12, 13]  # on the workers, results in order
+    assert running.get("gcs_server") == 1 and running.get("raylet/raylet") == 1
+    # nothing scales a build's own cluster, nothing forwards its workers' output
+    assert "log_monitor.py" not in running and "autoscaler/_private/monitor.py" not in running
+    assert not ray.is_initialized() and gone()
+
+
+def test_a_build_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_path):
+    """build.ray_address (RAY_ADDRESS likewise): the build's buckets run there, the
+    rows are those of a build in one process, and the cluster is someone else's: the
+    build disconnects and leaves it up."""
+    data = tmp_path / "data"
+    traces = []
+    for i in range(12):
+        t = Trace(f"join-{i}")
+        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+                      start=i, end=i + 30)
+        t.span("chat m", genai_call(f"task {i % 3}", "answer"), parent=root, start=i + 1, end=i + 2)
+        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
+                                             "agentlightning.reward.0.value": float(i % 2)},
+               parent=root, start=i + 25, end=i + 26)
+        traces.append(t)
+    write_spans(str(data), traces)
+    on_ray = mirror(data, tmp_path / "ray")
+    now = T0 + 3600 * S
+    node = distributed._head(2)
+    try:
+        c = cfg(on_ray, "ray")
+        c.build.ray_address = node.address
+        remote = B.build(c, now_ns=now)
+        assert remote.workers and not ray.is_initialized()
+        assert all(p.process.poll() is None for ps in node.all_processes.values() for p in ps)  # still up
+    finally:
+        node.kill_all_processes(check_alive=False, allow_graceful=False)
+    local = B.build(cfg(data, "local"), now_ns=now)
+    assert local.transitions == remote.transitions == 12
+    same(data, on_ray)
+    assert gone()
+    assert os.environ.get("RAY_ADDRESS") is None
