@@ -83,9 +83,25 @@ def test_the_flusher_process_imports_neither_polars_nor_pandas_nor_grpc():
     """Polars (28 MiB), pandas (36 MiB, pulled by pyarrow's list conversion) and gRPC
     are paid in every pod for nothing the flusher does."""
     code = ("import sys\nfrom nightshift.collector import flusher_process as fp\n"
-            "sys.meta_path.insert(0, fp._WithoutPandas())\n"
+            "sys.meta_path.insert(0, fp._Unused())\n"
             "from nightshift.collector import flusher\nimport pyarrow as pa\npa.array([[1], [2]])")
     assert _imported(code) == ["pyarrow", "numpy"]
+
+
+def test_the_flusher_process_loads_none_of_arrows_own_object_store_filesystems(tmp_path):
+    """pyarrow.parquet imports Arrow's S3, GCS, Azure and HDFS filesystems when it
+    can (libarrow_s3: 3.2 MiB of the flusher's RSS); the flusher writes through os
+    calls or fsspec and reads local files by path, which still works without them."""
+    code = ("import sys\nfrom nightshift.collector import flusher_process as fp\n"
+            "sys.meta_path.insert(0, fp._Unused())\n"
+            "from nightshift.collector import flusher\nimport pyarrow as pa, pyarrow.parquet as pq\n"
+            f"pq.write_table(pa.table({{'a': [1]}}), {str(tmp_path / 'a.parquet')!r})\n"
+            f"assert pq.read_table({str(tmp_path / 'a.parquet')!r}).num_rows == 1\n"
+            "import json\nprint(json.dumps([m for m in sys.modules if m.endswith(('_s3fs', '_gcsfs', '_azurefs', '_hdfs'))]"
+            " + [l.split()[-1] for l in open('/proc/self/maps') if 'libarrow_s3' in l][:1]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_the_receiver_imports_no_arrow_or_dataframe_library():
