@@ -5,8 +5,8 @@ module of their own: the other module's cluster is gone by then).
 
 The local cluster is the build's fixed cost, paid again by every build: on a 2-core
 machine Ray's processes that a build does not use (the autoscaler's monitor, the log
-monitor) took about a CPU-second from the workers, so the engine starts without them,
-and stops the cluster without waiting a second per process. Two clusters start
+monitor, the dashboard's API server, which ray.init waits for) took about two
+CPU-seconds from the workers, so the engine starts the head without them. Two clusters start
 here, a few seconds each."""
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def ray_processes() -> dict[str, int]:
             line = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        for kind in ("gcs_server", "raylet/raylet", "log_monitor.py", "autoscaler/_private/monitor.py"):
+        for kind in ("gcs_server", "raylet/raylet", "log_monitor.py", "autoscaler/_private/monitor.py",
+                     "dashboard/dashboard.py"):
             if kind in line:
                 out[kind] = out.get(kind, 0) + 1
     return out
@@ -68,8 +69,9 @@ def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after():
         assert engine.cpus == 2
         assert engine.run(operator.add, [1, 2, 3], 10) == [11, 12, 13]  # on the workers, results in order
     assert running.get("gcs_server") == 1 and running.get("raylet/raylet") == 1
-    # nothing scales a build's own cluster, nothing forwards its workers' output
+    # nothing scales a build's own cluster, nothing forwards its workers' output, nobody looks at a dashboard
     assert "log_monitor.py" not in running and "autoscaler/_private/monitor.py" not in running
+    assert "dashboard/dashboard.py" not in running
     assert not ray.is_initialized() and gone()
 
 

@@ -160,21 +160,27 @@ OBJECT_STORE = 128 << 20
 def _head(cpus: int):
     """A local cluster's head node with the processes a build uses and no others.
 
-    `ray.init` starts the autoscaler's monitor and the log monitor too (and waits for
-    them): on a 2-core machine their start-up is about a CPU-second taken from the
-    workers, for a cluster that never scales and a driver that forwards no worker
-    output (`log_to_driver=False`: a task's error comes back with its result).
-    Ray's own `Node` (pinned, PIN) starts the head without them; the dashboard's
-    API server, its agent and the runtime-env agent stay, the raylet waits for them.
-    Not the node's exit hooks either (`shutdown_at_exit`: they replace the process's
-    SIGTERM handler); the engine stops the node, and the kernel's fate-sharing (or
-    Ray's reaper) stops it if this process dies."""
+    `ray.init` also starts the autoscaler's monitor, the log monitor and the
+    dashboard's API server (with include_dashboard=False it still runs, for usage
+    statistics, and ray.init waits for it to answer): on a 2-core machine their
+    start-up is a second or two of the build's wall time and a CPU-second taken from
+    the workers, for a cluster that never scales, a driver that forwards no worker
+    output (`log_to_driver=False`: a task's error comes back with its result) and
+    nobody to look at a dashboard. Ray's own `Node` (pinned, PIN) starts the head
+    without them; the raylet still starts its agents and waits for them. Not the
+    node's exit hooks either (`shutdown_at_exit`: they replace the process's SIGTERM
+    handler): the engine stops the node, and the kernel's fate-sharing (or Ray's
+    reaper) stops it if this process dies."""
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
+    class Head(Node):
+        def start_api_server(self, *, include_dashboard, raise_on_failure) -> None:
+            self._webui_url = ""  # as Ray leaves it when the dashboard is not included
+
     params = RayParams(num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE,
                        include_log_monitor=False, no_monitor=True)
-    return Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
+    return Head(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
 
 
 def _remote(work, job, shared):
