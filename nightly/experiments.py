@@ -61,8 +61,8 @@ def trains_weights(default: str, agents: dict) -> bool:
 #: its proposer reads the failures of what serves: proposed after an adapter has
 #: taken the agent near the world's ceiling, a candidate has few failures to read
 #: and a lift too small to tell within its trial. An adapter loses nothing by
-#: waiting when it trains on a window that holds the waiting nights' logs
-#: (nightly.train_window_days).
+#: waiting: the default window (nightly.train_window_days: 0, nightly/window.py)
+#: starts where the serving adapter's data ended, so it holds the waiting nights' logs.
 FIRST = "prompts"
 
 

@@ -42,7 +42,7 @@ from nightshift.publish.canary import CanarySettings
 from nightshift.publish.publish import PublishSettings, RouteUnavailable
 from nightshift.judge.watch import WatchSettings
 
-from . import experiments
+from . import experiments, window
 from .experiments import KINDS, PromptTrialSettings
 
 log = logging.getLogger("nightshift.nightly")
@@ -63,10 +63,14 @@ class NightlyConfig(PublishSettings):
 
     init_from_published: bool = setting(True, help="continue training the serving adapter rather than start from "
                                                    "the base")
-    train_window_days: int = setting(0, help="0 trains on what arrived since the last run (less overlap_days, for "
-                                             "trajectories that settled after it); N on the last N days",
+    train_window_days: int = setting(0, help="0 trains on what the serving adapter has not learned: the data since "
+                                             "the night that trained it (less overlap_days, for trajectories that "
+                                             "settled after it), however many nights since trained nothing or a "
+                                             "version that never served; all of it when training starts from the "
+                                             "base; N on the last N days",
                                      bounds="[0, inf)")
-    overlap_days: int = setting(1, help="days before the last run's that a window of 0 takes in again",
+    overlap_days: int = setting(1, help="days before the serving adapter's last day of data that a window of 0 "
+                                        "takes in again",
                                 bounds="[0, inf)")
     publish: bool = setting(True, help="publish a candidate the gate passes (false stops after the gate)")
     state_dir: str = setting("", help="the run state and lock (default <train.output>/.nightly)", metavar="DIR")
@@ -173,6 +177,9 @@ def state_problem(state) -> str | None:
         return "has a 'resumed' count that is not a whole number"
     if state.get("version") is not None and (not isinstance(state["version"], str) or "/" in state["version"]):
         return "has a 'version' that is not a version folder's name"
+    for key in ("window", "init_adapter"):
+        if state.get(key) is not None and not isinstance(state[key], str):
+            return f"has {key!r} that is not text"
     for key in ("build", "watch", "train", "gate_lines", "publish_lines", "versions", "prompt_watch", "prompts",
                 "prompt_versions", "deferred"):
         value = state.get(key)
@@ -338,13 +345,10 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
 
     prev = _load(state_dir)
     if prev is None or prev.get("stage") == "done":
-        last_date = (prev or {}).get("run_date")
-        since = ""
-        if last_date:
-            since = (dt.date.fromisoformat(last_date) - dt.timedelta(days=max(n.overlap_days, 0))).isoformat()
+        # the training window is decided in the train stage, from the adapter training continues (window.py)
         state = {"run_id": now.isoformat(timespec="seconds"), "run_date": now.date().isoformat(), "stage": "build",
-                 "since": since, "resumed": 0}
-        log.info("nightly run %s: building since %s", state["run_id"], since or "the beginning")
+                 "resumed": 0}
+        log.info("nightly run %s: building", state["run_id"])
     else:
         state = prev
         state.pop("error", None)
@@ -394,7 +398,7 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
                 next_stage = "report"
             else:
                 # an adapter that could not be published tonight is not trained: the next night's trains
-                # on these logs too (within its window), from what serves then
+                # on these logs too (its window starts where the serving adapter's data ended: window.py)
                 held = experiments.weights_held_by(apo_cfg.store(), n.experiments, n.agents) if (
                     n.publish and _prompting(n)) else ""
                 if held:
@@ -409,26 +413,35 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             tcfg.tag = state["run_id"]
             if _prompting(n):  # answers a route gave under a prompt candidate train with the prompt they saw
                 tcfg.select.seen_prompts = {**experiments.seen_prompts(apo_cfg.store()), **tcfg.select.seen_prompts}
-            if n.train_window_days > 0:
-                tcfg.select.since = (now.date() - dt.timedelta(days=n.train_window_days)).isoformat()
-            elif state["since"]:
+            # decided once, kept in the state: a resumed run trains on the same rows from the same adapter; again
+            # only when that adapter no longer serves (rolled back meanwhile: nothing trains from it)
+            w = window.choose(n, _serving(checkpoints, n), now, tcfg.full_finetune)
+            said = []
+            if state.get("window") is not None and (w.init_adapter or None) != state.get("init_adapter"):
+                was = (state.get("init_adapter") or "").rstrip("/").rsplit("/", 1)[-1] or "the base model"
+                said.append(f"window decided again: {was}, which it continued when this run was interrupted, no "
+                            "longer serves")
+                state["window"] = None
+            if state.get("window") is None:
+                state.update(since=w.since, init_adapter=w.init_adapter or None, window=w.why)
+                _save(state_dir, state)
+            if state.get("since"):
                 tcfg.select.since = state["since"]
-            serving = _serving(checkpoints, n)
-            if (n.init_from_published and serving and serving.get("mode") == "lora" and serving.get("checkpoint")
-                    and not tcfg.full_finetune):
-                tcfg.init_adapter = serving["checkpoint"]
+            if state.get("init_adapter"):
+                tcfg.init_adapter = state["init_adapter"]
+            said.append(f"window: {state['window']}")
             version = _version_tagged(checkpoints, state["run_id"])
             next_stage = "gate"
             if version:
                 log.warning("version %s was already trained by this run before it was interrupted: using it", version)
-                state["train"] = [f"reused {version}, trained by this run before an interruption"]
+                state["train"] = [*said, f"reused {version}, trained by this run before an interruption"]
             else:
                 try:
                     result = train(tcfg, progress=progress)
                     version = result.version
-                    state["train"] = result.lines()
+                    state["train"] = [*said, *result.lines()]
                 except TrainDataError as e:
-                    state["train"] = [str(e)]
+                    state["train"] = [*said, str(e)]
                     state["outcome"] = f"nothing new to train on: {e}"
                     next_stage = "fallback"
             state["version"] = version
