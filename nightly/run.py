@@ -280,15 +280,17 @@ def _watch_prompts(data: str, store: str, checkpoints: str, n: NightlyConfig) ->
     return out
 
 
-def _prompt_table(apo_cfg, state: dict, key: str):
-    """Every agent's prompt versions, or None with the reason said under `key`."""
+def _prompt_table(apo_cfg):
+    """Every agent's prompt versions and "", or None and why, in a sentence for the
+    report (returned, not added to the state: a stage resumed after a failure says
+    it once)."""
     from nightshift.prompts.versions import by_agent
 
     try:
-        return by_agent(apo_cfg.data, apo_cfg.since, apo_cfg.storage_options, min_trajectories=apo_cfg.min_trajectories)
+        return by_agent(apo_cfg.data, apo_cfg.since, apo_cfg.storage_options,
+                        min_trajectories=apo_cfg.min_trajectories), ""
     except Exception as e:  # noqa: BLE001 - no transitions yet, a lake it cannot read: said, not fatal
-        state[key] = [*state.get(key, []), f"prompt optimization: the prompt versions could not be read: {e}"]
-        return None
+        return None, f"prompt optimization: the prompt versions could not be read: {e}"
 
 
 def _prompt_stage(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -> None:
@@ -298,8 +300,9 @@ def _prompt_stage(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -> N
     the fallback stage gives it its prompt round if the adapter has nothing to try."""
     from nightshift.prompts.versions import lines
 
-    table = _prompt_table(apo_cfg, state, "prompts")
+    table, why = _prompt_table(apo_cfg)
     if table is None:
+        state["prompts"] = [why]
         return
     state["prompt_versions"] = lines(table, apo_cfg.min_trajectories)
     trial = _canary(checkpoints, n) if n.publish else None
@@ -323,15 +326,16 @@ def _prompt_fallback(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -
     if not waited or state.get("published"):
         return
     why = state.get("outcome") or "no adapter was published"
-    said = {"prompts": [f"{a}: the adapter had nothing to try tonight ({why}): the prompt goes instead"
-                        for a in waited]}
-    table = _prompt_table(apo_cfg, said, "prompts")
-    if table is not None:
-        said["prompts"] += experiments.optimize_prompts(apo_cfg, table, n.experiments, n.agents, n.canary.route_url,
-                                                        n.canary.route_token, n.prompts.share, _canary(checkpoints, n),
-                                                        only=waited)
+    said = [f"{a}: the adapter had nothing to try tonight ({why}): the prompt goes instead" for a in waited]
+    table, unread = _prompt_table(apo_cfg)
+    if table is None:
+        said.append(unread)
+    else:
+        said += experiments.optimize_prompts(apo_cfg, table, n.experiments, n.agents, n.canary.route_url,
+                                             n.canary.route_token, n.prompts.share, _canary(checkpoints, n),
+                                             only=waited)
     # added to the state in one step: a failure on the way saves it as it was, and the resumed stage says it once
-    state["prompts"] = [*state.get("prompts", []), *said["prompts"]]
+    state["prompts"] = [*state.get("prompts", []), *said]
 
 
 def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,

@@ -153,3 +153,44 @@ def test_an_agent_given_an_experiment_that_is_none_is_refused_in_one_sentence(tm
     cfg.write_text("nightly:\n  agents: {solver: both}\n  prompts: {share: 0.2}\n")
     n = load(NightlyConfig, "nightly", str(cfg), {}, env={})
     assert (n.experiments, n.agents, n.prompts.share) == ("weights", {"solver": "both"}, 0.2)
+
+
+def test_a_prompt_stage_resumed_after_a_failure_says_its_lines_once(tmp_path, monkeypatch):
+    """The prompt stage said "the prompt versions could not be read" by adding to the
+    state's lines; a failure later in the stage saved them, and every resumed attempt
+    added the sentence again. No route or proposer is reached (the table is what fails)
+    and the watch is off, so no process starts."""
+    import nightshift.nightly.run as nightly_run
+    from nightshift.judge.watch import WatchSettings
+    from nightshift.nightly.run import EXIT_FAILED
+    from nightshift.prompts import versions
+
+    data = tmp_path / "data"
+    _spans(data, 6, "a")
+    tcfg = TransformConfig()
+    tcfg.data, tcfg.settle = str(data), 0
+    trcfg = TrainConfig()
+    trcfg.output = str(tmp_path / "ck")
+    n = NightlyConfig(experiments="prompts", canary=CanarySettings(route_url="http://127.0.0.1:9"),
+                      watch=WatchSettings(enabled=False))
+    apo = ApoConfig(data=str(data))
+
+    def unreadable(*a, **kw):
+        raise ValueError("the lake is being rewritten")
+
+    real, calls = nightly_run._canary, []
+
+    def fails_once(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("published.json could not be read")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(versions, "by_agent", unreadable)
+    monkeypatch.setattr(nightly_run, "_canary", fails_once)
+    code, state = run(tcfg, trcfg, n, apo_cfg=apo)
+    assert code == EXIT_FAILED and state["stage"] == "prompts", state.get("error")
+    code, state = run(tcfg, trcfg, n, apo_cfg=apo)
+    assert code == 0, state.get("error")
+    assert state["prompts"] == ["prompt optimization: the prompt versions could not be read: the lake is being "
+                                "rewritten"]
