@@ -160,3 +160,39 @@ def test_a_span_file_it_cannot_read_is_one_sentence_on_ray_as_in_one_process(tmp
         B.build(cfg(tmp_path, "ray", settle=0))
     said = str(e.value)
     assert said.startswith(f"{spoiled} is spans schema version 99") and "\n" not in said and "ray::" not in said
+
+
+def test_a_few_large_span_files_are_split_by_row_groups_on_ray_and_the_rows_are_the_same(tmp_path, cluster):
+    """Fewer span files than split tasks (the benchmark's window is three files, one
+    per date, for two workers): each file is cut into runs of its row groups, so the
+    workers share the split, and the buckets get their rows in the same order."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    traces = []
+    for i in range(30):
+        t = Trace(f"cut-{i}")
+        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+                      start=i, end=i + 30)
+        for k in range(2):
+            t.span("chat m", genai_call(f"task {i % 4}", f"answer {k}"), parent=root, start=i + 1 + k, end=i + 2 + k)
+        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
+                                             "agentlightning.reward.0.value": float(i % 3 == 0)},
+               parent=root, start=i + 25, end=i + 26)
+        traces.append(t)
+    write_spans(str(data), traces)
+    (path,) = (data / "spans").rglob("*.parquet")
+    pq.write_table(pq.read_table(path), path, row_group_size=16)  # 120 spans: 8 row groups, metadata kept
+    groups = pq.ParquetFile(path).metadata.num_row_groups
+    assert groups == 8
+    fs = fsspec.filesystem("file")
+    cut = B._cut(fs, [B._Source(str(path), "d")], 4)
+    assert [c.groups for c in cut] == [(0, 2), (2, 4), (4, 6), (6, 8)]  # every row group once, in order
+    assert B._cut(fs, [B._Source(str(path), "d")] * 4, 4) == [B._Source(str(path), "d")] * 4  # enough files: whole
+    on_ray = mirror(data, tmp_path / "ray")
+    now = T0 + 3600 * S
+    remote = B.build(cfg(on_ray, "ray"), now_ns=now)
+    local = B.build(cfg(data, "local"), now_ns=now)
+    assert local.transitions == 60 and lines(local, data) == lines(remote, on_ray)
+    same(data, on_ray)

@@ -270,6 +270,7 @@ class _Source:
     path: str
     date: str
     only: pl.Series | None = None
+    groups: tuple[int, int] | None = None  # row groups [first, last) of the file, when split tasks share it (_cut)
 
 
 def _row_groups(fs, src: _Source, columns: list[str], bad: list[str], dataset: str = layout.SPANS) -> Iterator[pa.Table]:
@@ -290,7 +291,7 @@ def _row_groups(fs, src: _Source, columns: list[str], bad: list[str], dataset: s
         layout.check(layout.shown(fs, path), schema, dataset, READER)
         names = set(schema.names)
         cols = [c for c in columns if c in names]
-        for g in range(pf.num_row_groups):
+        for g in range(*(src.groups or (0, pf.num_row_groups))):
             try:
                 if only is not None:  # most row groups of a date read for a few traces hold none of them
                     keep = pc.is_in(pf.read_row_group(g, columns=["trace_id"]).column("trace_id"), value_set=only)
@@ -580,6 +581,28 @@ def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], 
     logs = _split(fs, job.logs, job.buckets, job.scratch, job.batch_bytes, [], tag=f"-logs-{job.index:05d}",
                   columns=list(layout.needs(layout.LOGS, READER)), dataset=layout.LOGS)
     return {b: p for b, p in enumerate(spans) if p}, {b: p for b, p in enumerate(logs) if p}, bad
+
+
+def _cut(fs, sources: list[_Source], n: int) -> list[_Source]:
+    """Fewer span files than split tasks (a window of a few large files): each file
+    as runs of its row groups, in order, so that `n` tasks share the split (three
+    files for two Ray workers left one idle for a third of it). The rows reach each
+    bucket in the same order: runs are read back in order. A file whose footer cannot
+    be read stays whole, to be reported once."""
+    if len(sources) >= n:
+        return sources
+    out = []
+    for src in sources:
+        try:
+            with fs.open(src.path, "rb") as fh:
+                groups = pq.ParquetFile(fh).metadata.num_row_groups
+        except (pa.ArrowException, OSError):
+            out.append(src)
+            continue
+        k = min(groups, math.ceil(n / len(sources)))
+        at = [groups * i // k for i in range(k + 1)] if k > 1 else []
+        out += [_Source(src.path, src.date, src.only, (a, b)) for a, b in zip(at, at[1:])] or [src]
+    return out
 
 
 def _runs(sources: list[_Source], n: int) -> list[list[_Source]]:
@@ -1168,7 +1191,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             bar.set_description("split")
             # files in contiguous runs, one task each: the pieces, read in run order, keep the files' order
             n = 2 * engine.cpus if engine.remote else 1
-            runs, log_runs = _runs(reads, n), _runs(logs, n)
+            runs, log_runs = _runs(_cut(fs, reads, n) if engine.remote else reads, n), _runs(logs, n)
             pieces: dict[int, list[str]] = defaultdict(list)
             log_pieces: dict[int, list[str]] = defaultdict(list)
             for got, got_logs, bad in _engine_run(engine, split_files, [
