@@ -18,7 +18,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from . import attrs as A
 from .conventions import Call, read_call, read_events, tools_from_events
@@ -305,7 +307,10 @@ def _int(v: Any) -> int | None:
 PROMPT_IDS = ("prompt_token_ids", "gen_ai.request.token_ids", "llm.hosted_vllm.prompt_token_ids")
 COMPLETION_IDS = ("response_token_ids", "gen_ai.response.token_ids", "llm.hosted_vllm.response_token_ids")
 TOKEN_KEYS = frozenset(PROMPT_IDS + COMPLETION_IDS)
-_INT_LIST = r"^\s*\[\s*(-?\d+\s*(,\s*-?\d+\s*)*)?\]\s*$"
+#: A JSON list of integers that fit int64 (no leading zeros: JSON's parse raised on "[007]",
+#: and past 18 digits it read a null id inside the list)
+_JSON_INT = r"-?(0|[1-9]\d{0,17})"
+_INT_LIST = rf"^\s*\[\s*({_JSON_INT}\s*(,\s*{_JSON_INT}\s*)*)?\]\s*$"
 
 
 def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
@@ -326,13 +331,6 @@ def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
         fits = (wide.list.max().fill_null(0) <= 2**31 - 1) & (wide.list.min().fill_null(0) >= -(2**31))
         return pl.when(fits).then(wide.cast(pl.List(pl.Int32), strict=False))  # ids past int32: not ids
 
-    def split(col: str) -> pl.Expr:
-        """The common case, `[1,2,3]` as the collector writes an OTLP int array: split
-        on commas and cast, three times faster than a JSON parse of the same text."""
-        inner = pl.col(col).str.strip_chars("[]")
-        parsed = inner.str.split(",").list.eval(pl.element().cast(pl.Int32, strict=True))
-        return pl.when(inner == "").then(pl.lit([], pl.List(pl.Int32))).otherwise(parsed)
-
     errors = (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError, pl.exceptions.SchemaError)
     # a list per choice ("[[") would flatten under the split; a torn "[1,2" would pass it
     plain = cols.select(pl.all_horizontal(
@@ -341,15 +339,103 @@ def token_columns(call_rows: pl.DataFrame) -> pl.DataFrame:
     # `bad_token_ids`: a value was there but is not a list of ids (counted and reported)
     bad = ((pl.col("p").is_not_null() & pl.col("prompt_token_ids").is_null())
            | (pl.col("c").is_not_null() & pl.col("completion_token_ids").is_null())).alias("bad_token_ids")
-    attempts = ([split] if plain else []) + [lambda c: ids(c, False), lambda c: ids(c, True)]
+    if plain and "trace_id" in call_rows.columns:
+        try:
+            got = _from_longest(cols, call_rows["trace_id"])
+            return got.select("prompt_token_ids", "completion_token_ids", bad)
+        except errors:
+            pass  # a value the split cannot read: the attempts below say which rows are not ids
+    attempts = ([lambda c: _split_ids(pl.col(c))] if plain else []) + [lambda c: ids(c, False), lambda c: ids(c, True)]
     for parse in attempts:  # the fastest that can read every value; the guarded one never raises
         try:
             got = cols.with_columns(parse("p").alias("prompt_token_ids"), parse("c").alias("completion_token_ids"))
         except errors:
             continue
         return got.select("prompt_token_ids", "completion_token_ids", bad)
-    raise AssertionError("the guarded parse raised")  # unreachable: it makes nulls, not errors
-    raise AssertionError("the guarded parse never raises")
+    raise AssertionError("the guarded parse never raises")  # it makes nulls, not errors
+
+
+def _split_ids(text: pl.Expr) -> pl.Expr:
+    """The common case, `[1,2,3]` as the collector writes an OTLP int array: split on
+    commas and cast, three times faster than a JSON parse of the same text. Raises on
+    anything else ("" inside `[]` included, which the caller keeps apart)."""
+    return text.str.strip_chars("[]").str.split(",").list.eval(pl.element().cast(pl.Int32, strict=True))
+
+
+def _from_longest(cols: pl.DataFrame, trace: pl.Series) -> pl.DataFrame:
+    """`_split_ids` of every row, each trace's ids parsed about once: an agent's next
+    prompt is its last prompt, the answer and the new turn, so a call's ids are most
+    often a prefix of its trace's longest prompt (its completion the ids after that
+    prefix). Those are sliced out of the longest one, parsed once, and the text itself
+    is what proves it (the row's text is the longest one's, byte for byte, up to a
+    comma); the rest are parsed alone. Raises where `_split_ids` would: the caller
+    falls back. In a five-call trajectory it parses 1,200 of 4,000 ids (the benchmark)."""
+    p, c = pl.col("p"), pl.col("c")
+    f = cols.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("i"), "p", "c").with_columns(trace.alias("t"))
+    longest = (f.filter(p.is_not_null() & (p != "[]")).group_by("t", maintain_order=True)
+               .agg(pl.col("i").get(p.str.len_bytes().arg_max()).alias("a")))
+    text = f["p"].gather(longest["a"])
+    parsed = text.to_frame("p").select(_split_ids(p))["p"]  # raises: the caller falls back
+    ends, first, whole = _comma_ends(parsed, text)
+    k = longest.select("t", pl.int_range(pl.len(), dtype=pl.UInt32).alias("k"),
+                       pl.Series("_whole", whole))  # an anchor written other than canonically covers no row
+    f = f.join(k, on="t", how="left", maintain_order="left").drop("t")
+    f = f.with_columns(text.gather(f["k"]).alias("_a"))
+    head = p.str.head(-1) + ","  # "[1,2,3]" -> "[1,2,3,": the anchor must go on with another id
+    a = pl.col("_a")
+    f = f.with_columns((pl.col("_whole") & (a.str.starts_with(head) | (a == p))).fill_null(False).alias("_cp"))
+    f = f.with_columns((pl.col("_cp") & a.str.starts_with(head + c.str.slice(1).str.head(-1) + ","))
+                       .fill_null(False).alias("_cc"))
+    # ids in a covered prefix: where its closing bracket falls among the anchor's commas
+    n_p = n_c = np.zeros(f.height, np.int64)
+    if longest.height:
+        k = f["k"].fill_null(0).to_numpy()  # a row of no anchor covers nothing: any will do
+        start = first[k]
+        base = np.concatenate(([0], ends))[start]
+        lp = f["p"].str.len_bytes().fill_null(1).to_numpy().astype(np.int64)
+        lc = f["c"].str.len_bytes().fill_null(1).to_numpy().astype(np.int64)
+        at_p = np.searchsorted(ends, base + lp - 1)  # the id ending at the prompt's closing bracket
+        at_c = np.searchsorted(ends, base + lp + lc - 2)  # and at the completion's
+        n_p, n_c = np.maximum(at_p - start + 1, 0), np.maximum(at_c - at_p, 0)  # (rows not covered: unused)
+    f = f.with_columns(pl.Series("_np", n_p), pl.Series("_nc", n_c), parsed.gather(f["k"]).alias("_ids"))
+    own = lambda s, covered: pl.when(~covered & s.is_not_null() & (s != "[]")).then(s)  # noqa: E731
+    f = f.with_columns(_split_ids(own(p, pl.col("_cp"))).alias("_op"), _split_ids(own(c, pl.col("_cc"))).alias("_oc"))
+    empty = pl.lit([], pl.List(pl.Int32))
+    ids = pl.col("_ids")
+    return f.select(
+        pl.when(p == "[]").then(empty).when(pl.col("_cp")).then(ids.list.slice(0, pl.col("_np")))
+        .otherwise(pl.col("_op")).alias("prompt_token_ids"),
+        pl.when(c == "[]").then(empty).when(pl.col("_cc")).then(ids.list.slice(pl.col("_np"), pl.col("_nc")))
+        .otherwise(pl.col("_oc")).alias("completion_token_ids"),
+        "p", "c")
+
+
+def _comma_ends(parsed: pl.Series, text: pl.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each id of the anchors ends in their text (the comma or bracket after
+    it), counted over all anchors as if their texts were one, from the ids' canonical
+    widths; each anchor's first id's index; and whether the anchor is written that
+    way (no spaces, no leading zeros, no "+"): only then are the ends its text's."""
+    arr = parsed.to_arrow()
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    offsets -= offsets[0]
+    v = arr.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    mag = np.abs(v)
+    width = (v < 0).astype(np.int64) + 1  # a minus, and the first digit
+    for p in _POW10:  # then one more digit per power of ten reached (ids rarely pass a million)
+        more = mag >= p
+        if not more.any():
+            break
+        width += more
+    ends = np.cumsum(width + 1)  # each anchor's own ends, plus the previous anchors' total
+    first = offsets[:-1]
+    before = np.concatenate(([0], ends))[first]
+    last = ends[offsets[1:] - 1] - before  # the closing bracket's place in its own text
+    whole = last == text.str.len_bytes().to_numpy().astype(np.int64) - 1
+    return ends, first, whole
+
+
+_POW10 = np.array([10**k for k in range(1, 11)], dtype=np.int64)
 
 
 def _logprobs(v: Any) -> list[float] | None:

@@ -1,0 +1,108 @@
+"""Token ids read once per trace: a call's ids sliced out of its trace's longest
+prompt are the ids its own text says, whatever the text (transform/calls.py)."""
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from nightshift.schemas.common import ATTRIBUTES
+from nightshift.transform import calls as C
+
+
+def _attr(key, text):
+    return {"key": key, "value": {"type": "array", "string_value": None, "int_value": None, "double_value": None,
+                                  "bool_value": None, "bytes_value": None, "json_value": text}}
+
+
+def _calls(rows):
+    """Call rows of (trace, prompt text, completion text), None for an id list not there."""
+    attrs = [[_attr(k, v) for k, v in (("prompt_token_ids", p), ("response_token_ids", c)) if v is not None]
+             for _, p, c in rows]
+    return pl.from_arrow(pa.table({"trace_id": [t for t, _, _ in rows], "attributes": pa.array(attrs, ATTRIBUTES)}))
+
+
+def _alone(text):
+    """What one row's text reads as by itself (the trace-less path, one row at a time)."""
+    got = C.token_columns(_calls([("x", text, None)]).drop("trace_id"))
+    return got["prompt_token_ids"][0] if text is not None else None
+
+
+def _ids(text):
+    return None if text is None else (_alone(text).to_list() if _alone(text) is not None else None)
+
+
+def _fmt(ids):
+    return "[" + ",".join(map(str, ids)) + "]"
+
+
+def test_a_trajectorys_ids_are_parsed_once_from_its_longest_prompt(monkeypatch):
+    # the benchmark's shape: each prompt is the last prompt, its answer and a new turn
+    p1, c1 = list(range(100, 130)), [7, 8, 9]
+    p2 = p1 + c1 + [40, 41]
+    c2 = [5, 6]
+    p3 = p2 + c2 + [1, 2, 3]
+    c3 = [11, 12, 13, 14]
+    rows = [("t1", _fmt(p1), _fmt(c1)), ("t1", _fmt(p2), _fmt(c2)), ("t1", _fmt(p3), _fmt(c3))]
+    parsed = []  # ids each parse read
+    split = C._split_ids
+
+    def count(s: pl.Series) -> pl.Series:
+        parsed.append(int(s.list.len().sum() or 0))
+        return s
+
+    def counting(text):
+        return split(text).map_batches(count, return_dtype=pl.List(pl.Int32))
+
+    monkeypatch.setattr(C, "_split_ids", counting)
+    got = C.token_columns(_calls(rows))
+    assert got["prompt_token_ids"].to_list() == [p1, p2, p3]
+    assert got["completion_token_ids"].to_list() == [c1, c2, c3]
+    assert got["bad_token_ids"].to_list() == [False] * 3
+    # the longest prompt once; the last completion (after no prompt) and nothing else alone
+    assert sum(parsed) == len(p3) + len(c3) < sum(len(x) for x in (p1, c1, p2, c2, p3, c3))
+
+
+CASES = [
+    # (trace, prompt, completion)
+    ("a", "[1,2,3]", "[4,5]"), ("a", "[1,2,3,4,5,6]", "[7]"), ("a", "[1,2,3,4,5,6,7,8]", "[9,10]"),
+    ("b", "[10,-2,0]", "[2147483647]"), ("b", "[10,-2,0,2147483647,-2147483648]", None),  # widths of every sign
+    ("c", "[+1,2]", "[3]"), ("c", "[+1,2,3,4]", "[5]"),  # a plus: the anchor is not canonical, each alone
+    ("d", "[007,1]", "[2]"), ("d", "[007,1,2,3]", "[4]"),  # leading zeros: the same
+    ("e", "[]", "[]"), ("e", "[5,6]", "[]"), ("e", "[5,6,7]", "[8]"),  # empty lists
+    ("f", None, "[1,2]"), ("f", "[3]", None), ("f", None, None),  # missing sides
+    ("g", "[1,2]", "[3]"), ("g", "[1,2,4,5]", "[6]"),  # a completion the next prompt does not go on with
+    ("h", "[1,2]", "[3]"), ("a", "[1,2,3,99]", "[1]"), ("h", "[1,2,3,4]", "[5]"),  # traces interleaved
+    ("i", "[12]", "[3]"), ("i", "[123,4]", "[5]"),  # "[12" is a byte prefix of "[123,": not an id prefix
+    ("j", "[]", None), ("j", "[]", "[1]"),  # a trace with no ids to share
+]
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_ids_sliced_from_the_longest_prompt_are_each_rows_own(order):
+    rows = CASES[::order]
+    got = C.token_columns(_calls(rows))
+    want_p = [_ids(p) for _, p, _ in rows]
+    want_c = [_ids(c) for _, _, c in rows]
+    assert got["prompt_token_ids"].to_list() == want_p
+    assert got["completion_token_ids"].to_list() == want_c
+    assert got["prompt_token_ids"].dtype == pl.List(pl.Int32) and not got["bad_token_ids"].any()
+    assert [1, 2, 3, 4, 5, 6, 7, 8] in want_p and [5, 6, 7] in want_p and [4, 5] in want_c  # read, not all null
+
+
+def test_ids_the_split_cannot_read_are_read_as_json_and_odd_ones_counted_not_raised():
+    # "[1, 2]" needs the JSON parse; "[007,1]" and an id past int64 are not JSON ids:
+    # the guarded parse raised on the first (a traceback) and read a null id in the second
+    rows = [("a", "[1, 2]", "[3]"), ("a", "[1, 2, 3, 4]", "[5]"), ("b", "[007,1]", "[2]"),
+            ("c", "[99999999999999999999]", "[1]")]
+    got = C.token_columns(_calls(rows))
+    assert got["prompt_token_ids"].to_list() == [[1, 2], [1, 2, 3, 4], None, None]
+    assert got["completion_token_ids"].to_list() == [[3], [5], [2], [1]]
+    assert got["bad_token_ids"].to_list() == [False, False, True, True]
+
+
+def test_a_value_that_is_not_ids_leaves_the_shared_parse_for_the_guarded_one():
+    rows = [("a", "[1,2,3]", "[4]"), ("a", "[1,2,3,4,5]", "[6]"), ("b", "[1,2,3000000000]", "[1]")]
+    got = C.token_columns(_calls(rows))
+    assert got["prompt_token_ids"].to_list() == [[1, 2, 3], [1, 2, 3, 4, 5], None]
+    assert got["completion_token_ids"].to_list() == [[4], [6], [1]]
+    assert got["bad_token_ids"].to_list() == [False, False, True]
