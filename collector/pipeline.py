@@ -69,6 +69,9 @@ class Pipeline:
             if n:
                 self.metrics.redacted.inc(n)
                 payload = msg.SerializeToString()
+        # The parsed message (1-2x the request's bytes) is let go before the wait
+        # for the fsync, most of a request's time: every request waiting held one.
+        del msg, parsed
         t0 = time.perf_counter()
         try:
             self.log.append(wal.KINDS[signal], payload)
