@@ -216,7 +216,11 @@ class Pool:
 
     def drop(self, ex: Exchange) -> None:
         """The caller is done with an exchange: if it is still in flight (its client
-        went away), close its connection, so the upstream stops generating for nobody."""
+        went away), close its connection, so the upstream stops generating for nobody.
+        Its writer goes too: a closure over the exchange, a reference cycle that left
+        every streamed answer (its futures, a prompt trial's marker) to the collector,
+        whose passes over hundreds of them at 200 streams stalled every stream at once."""
+        ex.write = None
         conn = ex.conn
         if conn is not None and conn.ex is ex:
             conn.ex = None
