@@ -56,6 +56,8 @@ class StreamMarker:
         self.seen: tuple[bytes, bytes] | None = None  # the first event's `"model": "x"` bytes, and marked
 
     def feed(self, piece: bytes) -> bytes:
+        if not self.rest and piece[-1:] == b"\n":  # the common piece: whole events, nothing held back
+            return self._mark(piece)
         data = self.rest + piece if self.rest else piece
         cut = data.rfind(b"\n") + 1
         if not cut:
@@ -71,17 +73,19 @@ class StreamMarker:
     def _mark(self, block: bytes) -> bytes:
         """Every event of a stream names the same model, in the same bytes: once the
         first is found, the rest are a plain replace (a C loop, 20x cheaper than the
-        pattern); an event naming another model still goes through the pattern."""
-        if self.seen is not None and self.seen[0] in block:
-            self.marked += 1
-            block = block.replace(*self.seen)
-            if block.count(b'"model"') == block.count(self.mark):
-                return block
-        if b'"model"' not in block:
+        pattern), and when it made as many marks as the block has `"model"` keys (each
+        adds len(mark) bytes) nothing is left to look for; an event naming another
+        model still goes through the pattern."""
+        if self.seen is not None:
+            out = block.replace(*self.seen)
+            n = (len(out) - len(block)) // len(self.mark)
+            self.marked += n
+            if n == block.count(b'"model"'):
+                return out
+            block = out
+        elif b'"model"' not in block:
             return block
-        out, n = _DATA_MODEL.subn(self._sub, block)
-        self.marked += n
-        return out
+        return _DATA_MODEL.sub(self._sub, block)
 
     def _sub(self, m: re.Match) -> bytes:
         head = m.group(1)
@@ -90,4 +94,5 @@ class StreamMarker:
         if self.seen is None:
             at = head.rfind(b'"model"')
             self.seen = (head[at:] + b'"', head[at:] + self.mark + b'"')
+        self.marked += 1
         return head + self.mark + b'"'

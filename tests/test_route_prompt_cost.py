@@ -1,0 +1,51 @@
+"""What a prompt trial adds to each request it touches (issue 27's route target:
+p99 < 2 ms at 200 streams with prompt rewriting on): the decision is counted in
+/metrics, not written to the log at INFO per request, and the answer's mark costs
+one replace per piece of whole events once the stream's model is known, with
+`marked` counting the events it marked."""
+
+from __future__ import annotations
+
+import logging
+
+from nightshift.route.config import RouteConfig
+from nightshift.route.mark import StreamMarker, tag
+from nightshift.route.metrics import Metrics
+from nightshift.route.proxy import Proxy
+from nightshift.route.rewrite import read
+from nightshift.route.table import RouteTable, parse
+from nightshift.schemas.prompt_identity import system_id
+
+AGENT = "You are the support agent of Acme. Answer in one sentence."
+CANDIDATE = "You are Acme's support agent. Check the order status tool before answering."
+
+
+def test_the_marker_counts_each_event_of_a_piece():
+    event = b'data: {"id":"c","model":"gpt-x-2024","choices":[{"delta":{"content":"tok"}}]}\n\n'
+    m = StreamMarker(tag("ab12cd34ef56"))
+    first = m.feed(event)
+    rest = m.feed(event * 3 + b"data: [DONE]\n\n")  # a proxy behind the stream reads several events at once
+    assert first + rest + m.flush() == (event * 4).replace(b'"gpt-x-2024"', b'"gpt-x-2024+p:ab12cd34ef56"') \
+        + b"data: [DONE]\n\n"
+    assert m.marked == 4
+    other = b'data: {"model":"gpt-y"}\n\n'  # an event naming another model still goes through the pattern
+    assert m.feed(event + other) == (event + other).replace(b'"gpt-x-2024"', b'"gpt-x-2024+p:ab12cd34ef56"') \
+        .replace(b'"gpt-y"', b'"gpt-y+p:ab12cd34ef56"') and m.marked == 6
+
+
+def test_a_prompt_decision_is_counted_and_logged_only_at_debug(tmp_path, caplog):
+    route = parse(f"prompt:{system_id([AGENT])}", {"kind": "prompt", "candidate": system_id([CANDIDATE]),
+                                                    "system": CANDIDATE, "share": 1.0})
+    metrics = Metrics()
+    proxy = Proxy(RouteConfig(state=str(tmp_path / "routes.json")), RouteTable(tmp_path / "routes.json"), metrics)
+    body = read(b'{"model": "gpt-x", "messages": [{"role": "system", "content": "%s"}, {"role": "user", '
+                b'"content": "hi"}]}' % AGENT.encode())
+    match = proxy.prompts.find(body, {route.serving: route})
+    with caplog.at_level(logging.INFO, logger="nightshift.route"):
+        edits, mark = proxy._prompt(match, body, "conversation", "k" * 32)
+    assert edits and mark == tag(route.version or proxy.prompts.version(route, body))
+    assert not [r for r in caplog.records if "prompt route" in r.getMessage()]
+    assert metrics.prompt_decisions.labels(match.name, "candidate", "conversation")._value.get() == 1
+    with caplog.at_level(logging.DEBUG, logger="nightshift.route"):
+        proxy._prompt(match, body, "conversation", "k" * 32)
+    assert [r.levelno for r in caplog.records if "prompt route" in r.getMessage()] == [logging.DEBUG]
