@@ -418,10 +418,13 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             if _prompting(n):  # answers a route gave under a prompt candidate train with the prompt they saw
                 tcfg.select.seen_prompts = {**experiments.seen_prompts(apo_cfg.store()), **tcfg.select.seen_prompts}
             # decided once, kept in the state: a resumed run trains on the same rows from the same adapter; again
-            # only when that adapter no longer serves (rolled back meanwhile: nothing trains from it)
+            # only when that adapter no longer serves (rolled back meanwhile: nothing trains from it) and this run
+            # has not written its version yet (one it did write is what the gate judges)
+            version = _version_tagged(checkpoints, state["run_id"])
             w = window.choose(n, _serving(checkpoints, n), now, tcfg.full_finetune)
             said = []
-            if state.get("window") is not None and (w.init_adapter or None) != state.get("init_adapter"):
+            if (state.get("window") is not None and not version
+                    and (w.init_adapter or None) != state.get("init_adapter")):
                 was = (state.get("init_adapter") or "").rstrip("/").rsplit("/", 1)[-1] or "the base model"
                 said.append(f"window decided again: {was}, which it continued when this run was interrupted, no "
                             "longer serves")
@@ -434,7 +437,6 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
             if state.get("init_adapter"):
                 tcfg.init_adapter = state["init_adapter"]
             said.append(f"window: {state['window']}")
-            version = _version_tagged(checkpoints, state["run_id"])
             next_stage = "gate"
             if version:
                 log.warning("version %s was already trained by this run before it was interrupted: using it", version)

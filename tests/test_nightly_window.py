@@ -76,7 +76,7 @@ def test_the_window_starts_where_the_serving_adapters_data_ended(tmp_path, monke
     data, ck = tmp_path / "data", tmp_path / "ck"
     trained: list[dict] = []  # per call of the trainer: the nights its rows came from, and what it continued
     verdicts: dict[int, bool] = {}  # night -> the gate's verdict
-    crash = {"train": False}
+    crash = {"train": False, "after_commit": False}
 
     def train(cfg, progress=False):
         sel = select(cfg)  # the real selection: raises TrainDataError as training would
@@ -89,6 +89,8 @@ def test_the_window_starts_where_the_serving_adapters_data_ended(tmp_path, monke
         (staged / "adapter_model.safetensors").write_bytes(b"stand-in")
         ckpt.commit(staged, {"kind": "lora", "config": dataclasses.asdict(cfg), "dataset": {"since": sel.since or None}},
                     cfg.output)
+        if crash["after_commit"]:
+            raise RuntimeError("the node was preempted after the version was written")
         return _Trained(ckpt.versions(cfg.output)[-1])
 
     def gate(candidate, published, train_cfg, settings, log_dir=None):
@@ -184,6 +186,22 @@ def test_the_window_starts_where_the_serving_adapters_data_ended(tmp_path, monke
     assert code == 0 and last() == ([1, 2, 3, 4, 5, 6, 7], "v0001")
     assert state["train"][0].startswith(f"window decided again: v0004, which it continued when this run was "
                                         "interrupted, no longer serves")
+    assert state["outcome"] == "published v0006", state
+    # night 9: the run dies after its version was written, and v0006 is rolled back meanwhile: the version is
+    # what the resumed run judges, so its window stays as it was (from v0006, whose data ended on night 7)
+    _night_spans(data, 9)
+    crash["after_commit"] = True
+    code, state = night(9)
+    assert code == EXIT_FAILED and last() == ([6, 7, 9], "v0006")
+    registry.append(str(ck), {"version": "v0001", "name": f"{NAME}@v0001", "endpoint": URL, "mode": "lora",
+                              "checkpoint": str(ck / "v0001"), "rollback_of": "v0006"})
+    crash["after_commit"], calls = False, len(trained)
+    code, state = night(10, hours=1)
+    assert code == 0 and len(trained) == calls, state
+    assert state["train"] == [f"window: since {(DAY0 + dt.timedelta(days=6)).date()}: serving adapter v0006, which "
+                              f"this run continues, learned the data up to {(DAY0 + dt.timedelta(days=7)).date()}; "
+                              "less overlap_days 1, for trajectories that settled later",
+                              "reused v0007, trained by this run before an interruption"]
 
 
 @pytest.mark.parametrize("serving, init_from_published, why", [
