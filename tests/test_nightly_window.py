@@ -228,3 +228,15 @@ def test_an_adapter_whose_data_end_cannot_be_told_takes_all_of_the_data(tmp_path
                       DAY0, full_finetune=False)
     assert w.since == "" and w.init_adapter == str(tmp_path / "v0002")
     assert w.why.startswith("all of the data: where the data of serving adapter v0002 ended cannot be told (")
+
+
+def test_a_state_whose_window_is_not_text_is_refused_in_a_sentence():
+    """The window and the adapter it continues are read back on resume: one that is not
+    text would reach the trainer (a traceback, exit 1 every night) rather than be named."""
+    from nightshift.nightly.run import state_problem
+
+    good = {"run_id": "2026-11-23T02:15:00+00:00", "run_date": "2026-11-23", "stage": "train", "since": "2026-11-21",
+            "window": "since 2026-11-21: ...", "init_adapter": "/ck/v0003"}
+    assert state_problem(good) is None
+    assert state_problem({**good, "init_adapter": ["/ck/v0003"]}) == "has 'init_adapter' that is not text"
+    assert state_problem({**good, "window": 3}) == "has 'window' that is not text"
