@@ -14,6 +14,7 @@ requests/s, the proxy's CPU-seconds and peak RSS, and what else used the CPU.
     python benchmarks/route.py --streams 50 --rounds 1
     python benchmarks/route.py --prompt 0.5           # and a prompt route on the agents' system prompt (issue 27)
     python benchmarks/route.py --baseline /tmp/wt-e0ac2ad   # and another checkout's proxy, in the same minutes
+    python benchmarks/route.py --parts                # the prompt arm's CPU per part, in this process (seconds)
 
 With `--baseline DIR` a second proxy runs from another checkout of this repository
 (a worktree: `git worktree add /tmp/wt-e0ac2ad e0ac2ad`, imported as `nightshift`
@@ -26,6 +27,9 @@ With `--prompt SHARE` the proxy also holds a prompt route matching the requests'
 system prompt: every request's prompt is folded and hashed, and SHARE of the
 conversations get the candidate's text in its place and their answers marked
 (`+p:<version>` on every streamed event's `model`), the work a prompt trial adds.
+`--parts` times that work apart, step by step on the same request and stream, in
+CPU microseconds (the best of 3 passes: on shared cores a figure less disturbed
+than any p99), and what it adds per request at the share `--prompt` gives (0.5).
 """
 
 from __future__ import annotations
@@ -202,6 +206,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--baseline-env", action="append", default=[], metavar="KEY=VALUE", help="an environment "
                     "setting of the baseline's proxy only, e.g. --baseline /work/main --baseline-env "
                     "NIGHTSHIFT_ROUTE_LOOP=asyncio: this checkout on asyncio's loop in the same rounds")
+    ap.add_argument("--parts", action="store_true", help="time the prompt arm's steps apart, in this process (CPU "
+                    "us per request and per streamed event), instead of the load")
     ap.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     return ap.parse_args()
 
@@ -394,17 +400,115 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
         over = {f"{k} p{int(100 * q)}": diff_ms(p, i, q) for k, i in (("TTFB", 0), ("total", 1)) for q in (.5, .99)}
         worst = max(over["TTFB p99"], over["total p99"])
         who = "" if p is proxied else "baseline "
+        rewriting = ("" if args.prompt is None or (p is not proxied and not getattr(args, "baseline_prompt", False))
+                     else f", prompt rewriting on {100 * args.prompt:g} % of the conversations")
         lines += [
             f"  {who}overhead: " + ", ".join(f"{k} {v:+.2f} ms" for k, v in over.items()),
             f"  {who or 'proxy '}CPU: {1000 * p.cpu / len(p.xs):.3f} ms per proxied request (its process only: "
             f"{p.cpu:.2f} CPU-s for {len(p.xs)} requests), peak RSS {p.rss_mib:.0f} MiB, event loop {p.loop}",
             f"  others on this machine during the {who}proxied rounds: {p.others:.2f} CPU-s "
             f"({100 * p.others / p.secs / os.cpu_count():.0f} % of the CPUs)",
-            f"  {who}p99 overhead at {args.streams} streams: {worst:.2f} ms ({T_OVERHEAD.check(worst)})"
+            f"  {who}p99 overhead at {args.streams} streams{rewriting}: {worst:.2f} ms ({T_OVERHEAD.check(worst)})"
             + (f"; others used {100 * busy:.0f} % of the CPUs meanwhile: contended, not a verdict (re-run on a "
                f"quiet machine)" if (busy := p.others / p.secs / os.cpu_count()) > QUIET else ""),
         ]
     return lines
+
+
+# --- the prompt arm's parts, apart ----------------------------------------------------------
+
+
+def cpu_us(f, n: int, passes: int = 3) -> float:
+    """CPU microseconds per call of f(i), i in range(n): the best of `passes`."""
+    best = float("inf")
+    for _ in range(passes):
+        t0 = time.process_time()
+        for i in range(n):
+            f(i)
+        best = min(best, (time.process_time() - t0) / n)
+    return 1e6 * best
+
+
+def parts(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """What a prompt route adds per request, step by step, with this checkout's route
+    code on the load's own request (its system prompt matched) and stream (the stub's
+    events): the decision as the proxy makes it (`Proxy._plan`: body read, prompt
+    matched, sticky key, both choices, edits, log lines as configured) with and
+    without the prompt route, the edit's splice, and the mark on every event."""
+    import logging
+    from types import SimpleNamespace
+
+    from multidict import CIMultiDict
+
+    from nightshift.route.choose import choose, sticky_key
+    from nightshift.route.config import RouteConfig
+    from nightshift.route.mark import StreamMarker, tag
+    from nightshift.route.metrics import Metrics
+    from nightshift.route.proxy import Proxy
+    from nightshift.route.rewrite import edited, read
+    from nightshift.route.table import RouteTable, parse
+    from nightshift.schemas.prompt_identity import system_id, version_id
+
+    share = 0.5 if args.prompt is None else args.prompt
+    handler = logging.StreamHandler(open(os.devnull, "w"))  # formatted and written, as the proxy's lines are
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log_ = logging.getLogger("nightshift.route")
+    log_.addHandler(handler)
+    log_.setLevel(logging.INFO)
+    log_.propagate = False
+    n = 2000
+    bodies = [(r := request_body("agent", i))[r.index(b"\r\n\r\n") + 4:] for i in range(n)]
+    request = SimpleNamespace(method="POST", headers=CIMultiDict())
+    candidate = SYSTEM + "Check each tool result before you answer."
+
+    def proxy(prompt_share: float | None) -> Proxy:
+        table = RouteTable(tmp / f"routes-{prompt_share}.json")
+        table.put("agent", parse("agent", {"serving": "agent@v0001", "candidate": "agent@v0002", "share": 0.5}))
+        if prompt_share is not None:
+            table.put(f"prompt:{system_id([SYSTEM])}", parse(f"prompt:{system_id([SYSTEM])}", {
+                "kind": "prompt", "candidate": system_id([candidate]), "system": candidate, "share": prompt_share,
+                "version": version_id([candidate], [])}))
+        return Proxy(RouteConfig(state=str(table.path)), table, Metrics())
+
+    plain, serving, cand = proxy(None), proxy(0.0), proxy(1.0)
+    plans = [cand._plan(request, b) for b in bodies]
+    assert all(p[4] for p in plans), "the candidate arm made no edits"
+    route = cand.table.prompts[system_id([SYSTEM])]
+    parsed = [read(b) for b in bodies]
+    match = cand.prompts.find(parsed[0], cand.table.prompts)
+    keys = [sticky_key(request.headers, p.obj)[1] for p in parsed]
+    Stub.chunks = args.chunks
+    events = [f.split(b"\r\n", 1)[1].removesuffix(b"0\r\n\r\n")[:-2] for f in Stub().sse("agent@v0002")]
+    marks = f"the answer's mark, {len(events)} events"
+
+    def stream(_: int) -> None:
+        m = StreamMarker(tag(route.version))
+        for e in events:
+            m.feed(e)
+        m.flush()
+
+    t = {
+        "decision, no prompt route (Proxy._plan)": cpu_us(lambda i: plain._plan(request, bodies[i]), n),
+        "decision, prompt route, serving arm": cpu_us(lambda i: serving._plan(request, bodies[i]), n),
+        "decision, prompt route, candidate arm": cpu_us(lambda i: cand._plan(request, bodies[i]), n),
+        "  of which: body read (every routed request)": cpu_us(lambda i: read(bodies[i]), n),
+        "  of which: prompt matched (PromptRouter.find)": cpu_us(lambda i: cand.prompts.find(parsed[i],
+                                                                                          cand.table.prompts), n),
+        "  of which: the prompt route's choice": cpu_us(lambda i: choose(route, keys[i]), n),
+        "  of which: the candidate's edits": cpu_us(lambda i: cand.prompts.edits(match, parsed[i]), n),
+        "the body spliced (model and prompt)": cpu_us(lambda i: edited(bodies[i], [(*parsed[i].model_span(),
+                                                                                    b'"agent@v0002"'),
+                                                                                   *plans[i][4]]), n),
+        marks: cpu_us(stream, n // 2),
+    }
+    added = (t["decision, prompt route, serving arm"] * (1 - share) + t["decision, prompt route, candidate arm"]
+             * share - t["decision, no prompt route (Proxy._plan)"]
+             + share * t[marks])
+    log_.removeHandler(handler)
+    return [*(f"  {k:55s} {v:7.1f} us per request" for k, v in t.items()),
+            f"  {'  = per marked event':55s} {t[marks] / len(events):7.2f} us",
+            f"  prompt route on {100 * share:g} % of the conversations: +{added:.1f} us of CPU per request "
+            f"(decisions at that share, less the decision without it, plus the share's marks)"]
 
 
 def main() -> int:
@@ -415,6 +519,9 @@ def main() -> int:
     shown = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "stub"})
     head = [*harness.header("nightshift route overhead benchmark", shown), before_run()]
     with harness.sigterm_as_interrupt(), harness.temp_dir("nightshift-bench-route-") as tmp:
+        if args.parts:
+            print("\n".join([*head, *parts(args, tmp)]), flush=True)
+            return 0
         m = measure(args, tmp)
     print("\n".join(report(head, args, m)), flush=True)
     return 0
