@@ -5,8 +5,8 @@ An upstream stub streams SSE chunks at a fixed pace, like vLLM decoding (the fir
 after one pace, as after prefill), and answers non-stream requests after the
 same time. 200 concurrent streaming clients run against the stub directly, then
 through a real `nightshift route` process (a route with a 50 % candidate, so
-every request is parsed, keyed, chosen and rewritten, one log line each), in
-alternating rounds of the same load. Printed: p50/p99 time to first byte and
+every request is parsed, keyed, chosen and rewritten; each decision counted, its
+log line at DEBUG), in alternating rounds of the same load. Printed: p50/p99 time to first byte and
 total latency for both, the overhead (proxied minus direct) at p50 and p99,
 requests/s, the proxy's CPU-seconds and peak RSS, and what else used the CPU.
 

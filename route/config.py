@@ -51,7 +51,8 @@ class RouteConfig:
     loop: str = setting("auto", help="the event loop: uvloop (its transports in C: less CPU per request and per "
                                      "streamed event), asyncio, or auto (uvloop when installed)",
                         choices=("auto", "uvloop", "asyncio"))
-    log_decisions: bool = setting(True, help="one log line per routing decision")
+    log_decisions: bool = setting(True, help="one DEBUG log line per routing decision (with log_level debug; "
+                                             "nightshift_route_decisions counts them at any level)")
     log_level: str = setting("info", help="debug, info, warning, error", metavar="LEVEL",
                              pattern=r"(?i)debug|info|warning|error|critical")
 

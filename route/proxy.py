@@ -191,10 +191,10 @@ class Proxy:
         while len(targets) > 1 and self.is_missing(targets[0]):
             skipped.append(targets.pop(0))
             self.metrics.fallbacks.labels(model, skipped[-1], targets[0]).inc()
-        if self.cfg.log_decisions:
+        if self.cfg.log_decisions and log.isEnabledFor(logging.DEBUG):  # counted in nightshift_route_decisions
             where = "" if x < 0 else f", point {x:.3f} {'<' if arm == 'candidate' else '>='} share {route.share:g}"
             gone = f"; {', '.join(skipped)} missing on the upstream" if skipped else ""
-            log.info("route %s -> %s (%s; %s key %s%s)%s", model, targets[0], arm, kind, key[:12], where, gone)
+            log.debug("route %s -> %s (%s; %s key %s%s)%s", model, targets[0], arm, kind, key[:12], where, gone)
         return span, model, targets, skipped, edits, mark
 
     def _prompt(self, m: Match, parsed: Body, kind: str, key: str) -> tuple[list[tuple[int, int, bytes]], bytes | None]:
@@ -213,8 +213,8 @@ class Proxy:
                 return [], None
             vid = self.prompts.version(r, parsed)
             self.prompts.seen[r.serving].rewritten += 1
-        # at DEBUG: a line per matched request was 12-25 us of the prompt arm's ~70 (formatted, written);
-        # nightshift_route_prompt_decisions counts them by arm, and a route change is logged at INFO
+        # at DEBUG, as the model route's: a line per request was 12-25 us of the prompt arm's ~70 (formatted,
+        # written); nightshift_route_prompt_decisions counts them by arm, and a route change is logged at INFO
         if self.cfg.log_decisions and log.isEnabledFor(logging.DEBUG):
             log.debug("prompt route %s%s -> %s (%s; %s key %s, point %.3f %s share %g)", m.name,
                       f" (agent {r.agent})" if r.agent else "", vid if arm == "candidate" else "the agent's own prompt",
