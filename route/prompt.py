@@ -104,6 +104,7 @@ class PromptRouter:
     def __init__(self) -> None:
         self.folded: OrderedDict[tuple[str, ...], tuple[list[str], dict[str, str], str]] = OrderedDict()
         self.versions: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self.encoded: OrderedDict[tuple[str, ...], list[bytes]] = OrderedDict()  # candidates without slots
         self.seen: dict[str, Seen] = {}
         self.models: dict[str, set[str]] = {}  # a prompt route's model -> prompt ids asked with it
         self.logged: set[tuple[str, str]] = set()
@@ -239,24 +240,40 @@ class PromptRouter:
                 self.versions.popitem(last=False)
         return vid
 
+    def _encoded(self, m: Match) -> list[bytes]:
+        """The candidate's texts filled with the request's values, as JSON strings; a
+        candidate without slots is the same for every request, and encoded once."""
+        system = m.route.system
+        got = self.encoded.get(system)
+        if got is not None:
+            return got
+        got = [json.dumps(fill(t, m.values)).encode() for t in system]
+        if not any(SLOT.search(t) for t in system):
+            self.encoded[system] = got
+            if len(self.encoded) > CACHE:
+                self.encoded.popitem(last=False)
+        return got
+
     def edits(self, m: Match, body: Body) -> list[tuple[int, int, bytes]]:
         """The byte edits that put the candidate in the request, or Ambiguous."""
-        filled = [fill(t, m.values) for t in m.route.system]
         where, _ = request_system(body.obj)
         if where == "instructions":
             if "input" in body.spans and any(_leading(body.obj.get("input"))):
                 raise Ambiguous("the request has both `instructions` and system messages in `input`")
             (start, end), = _one(body, "instructions")
+            filled = [fill(t, m.values) for t in m.route.system]
             return [(*body.byte_span(start, end), json.dumps("\n\n".join(filled)).encode())]
-        items = _leading_items(body.text, _one(body, where)[0][0])
+        filled = self._encoded(m)
+        # the parsed body says how many leading system messages there are: the scan stops there
+        items = _leading_items(body.text, _one(body, where)[0][0], len(m.texts))
         n = len(items)
         if n != len(m.texts):
             raise Ambiguous("the request's system messages could not be read where they were parsed")
         if len(filled) == n:
-            return [(*body.byte_span(c0, c1), json.dumps(t).encode()) for (_, _, c0, c1), t in zip(items, filled)]
+            return [(*body.byte_span(c0, c1), t) for (_, _, c0, c1), t in zip(items, filled)]
         if len(filled) == 1:
             (_, e0, c0, c1), (_, eN, _, _) = items[0], items[-1]
-            return [(*body.byte_span(c0, c1), json.dumps(filled[0]).encode()), (*body.byte_span(e0, eN), b"")]
+            return [(*body.byte_span(c0, c1), filled[0]), (*body.byte_span(e0, eN), b"")]
         raise Ambiguous(f"the candidate has {len(filled)} system texts for the request's {n} system messages")
 
 
@@ -281,10 +298,12 @@ def _one(body: Body, key: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _leading_items(text: str, i: int) -> list[tuple[int, int, int, int]]:
+def _leading_items(text: str, i: int, limit: int) -> list[tuple[int, int, int, int]]:
     """(element start, element end, content start, content end) of each leading
-    system message of the JSON array starting at text[i]. Ambiguous for one whose
-    content is not a string or whose role or content is given twice."""
+    system message of the JSON array starting at text[i], at most `limit` of them
+    (the parsed body's count: the element after them, a user's message with its
+    history, need not be scanned). Ambiguous for one whose content is not a string
+    or whose role or content is given twice."""
     ws, scan = _WS.match, DECODER.scan_once
     out: list[tuple[int, int, int, int]] = []
     i = ws(text, i + 1).end()
@@ -317,6 +336,8 @@ def _leading_items(text: str, i: int) -> list[tuple[int, int, int, int]]:
         if not isinstance(content, str):
             raise Ambiguous("a system message's content is a list of parts, not a text")
         out.append((start, i, c0, c1))
+        if len(out) == limit:
+            break
         i = ws(text, i).end()
         if text[i:i + 1] != ",":
             break

@@ -72,3 +72,32 @@ def test_a_routing_decision_is_counted_and_logged_only_at_debug(tmp_path, caplog
     with caplog.at_level(logging.DEBUG, logger="nightshift.route"):
         proxy._plan(request, body)
     assert [r.levelno for r in caplog.records if r.getMessage().startswith("route agent -> ")] == [logging.DEBUG]
+
+
+def test_a_candidate_is_encoded_once_unless_it_has_slots_to_fill():
+    """The candidate's JSON text is the same bytes for every request of a route, so
+    it is made once; a candidate with the request's own data in slots is filled per
+    request (today's date is not yesterday's)."""
+    from nightshift.route.prompt import PromptRouter
+
+    agent_t = "You are the support agent of Acme. Today is {{date}}. Answer in one sentence."
+    routes = {
+        "plain": parse(f"prompt:{system_id([AGENT])}", {"kind": "prompt", "candidate": system_id([CANDIDATE]),
+                                                         "system": CANDIDATE, "share": 1.0}),
+        "slots": parse(f"prompt:{system_id([agent_t])}", {"kind": "prompt", "share": 1.0, "system": agent_t + " Be kind.",
+                                                           "candidate": system_id([agent_t + " Be kind."])}),
+    }
+    router = PromptRouter()
+
+    def edit(system: str, route: str) -> bytes:
+        body = read(b'{"model": "m", "messages": [{"role": "system", "content": "%s"}, {"role": "user", '
+                    b'"content": "hi"}]}' % system.encode())
+        m = router.find(body, {routes[route].serving: routes[route]})
+        (_, _, data), = router.edits(m, body)
+        return data
+
+    first, second = edit(AGENT, "plain"), edit(AGENT, "plain")
+    assert first == ('"%s"' % CANDIDATE).encode() and first is second
+    day1 = edit(agent_t.replace("{{date}}", "2026-11-26"), "slots")
+    day2 = edit(agent_t.replace("{{date}}", "2026-11-27"), "slots")
+    assert b"2026-11-26" in day1 and b"2026-11-27" in day2 and b"{{date}}" not in day1 + day2
