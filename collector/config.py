@@ -56,6 +56,10 @@ class CollectorConfig:
     compression: str = setting("zstd", help="Parquet codec: zstd (smallest files), snappy or lz4 (faster to write, "
                                             "1.3-1.6x larger), none", choices=("zstd", "snappy", "lz4", "none"))
     max_inflight: int = setting(256, help="concurrent requests before answering 503", bounds="[1, inf)")
+    max_inflight_bytes: int = setting(16 << 20, help="request bytes (decompressed) being read, parsed or waiting for "
+                                                     "the disk at once before answering 503: the receiver's memory "
+                                                     "under load; one request is always let in when none is; 0 = no "
+                                                     "limit", bounds="[0, inf)", metavar="SIZE")
     client_max_inflight: int = setting(32, help="one client's (peer address's) concurrent requests before answering "
                                                 "it 429; 0 = no limit (behind a gateway every agent is one client)",
                                        bounds="[0, inf)")

@@ -79,7 +79,7 @@ def make_post(pipeline: Pipeline, *, token: str, limit: int) -> Callable[..., Re
                 raise Unauthenticated("missing or wrong bearer token (header `Authorization: Bearer <token>`)")
             ctype = headers.get("content-type")
             media = feedback_media_type(ctype) if signal == "feedback" else decode.media_type(ctype)
-            with pipeline.admit(client) as slot:
+            with pipeline.admit(client, _content_length(headers)) as slot:
                 body_read = True
                 body = decode.decompress(read_body(), headers.get("content-encoding"), limit)
                 slot.charge(len(body))
@@ -102,6 +102,13 @@ def make_post(pipeline: Pipeline, *, token: str, limit: int) -> Callable[..., Re
             metrics.request_seconds.labels("http", signal or "unknown").observe(time.perf_counter() - t0)
 
     return post
+
+
+def _content_length(headers: Mapping[str, str]) -> int:
+    """The body's size as sent (before decompression), 0 when not given or not a
+    number (reading the body deals with that)."""
+    value = headers.get("content-length", "")
+    return int(value) if value.isdigit() else 0
 
 
 class _Server(ThreadingHTTPServer):

@@ -27,25 +27,54 @@ class Result:
 
 class Pipeline:
     def __init__(self, log: wal.WriteAheadLog, redactor: Redactor, metrics: Metrics, max_inflight: int,
-                 limits: ClientLimits | None = None):
+                 limits: ClientLimits | None = None, max_inflight_bytes: int = 0):
         self.log = log
         self.redactor = redactor
         self.metrics = metrics
         self.limits = limits or ClientLimits(0)
         self._slots = threading.BoundedSemaphore(max_inflight)
+        self.max_inflight_bytes = max_inflight_bytes  # 0: only max_inflight bounds them
+        self._bytes = 0  # request bytes admitted and not yet answered
+        self._bytes_lock = threading.Lock()
 
-    def admit(self, client: str = "") -> "_Slot":
+    def admit(self, client: str = "", nbytes: int = 0) -> "_Slot":
         """A context manager holding one of the client's slots and one of the
         collector's, or Throttled / Overloaded at once. A log at its cap refuses
         first (`WriteAheadLog.check_room`: nobody's request could be kept, so none
         is read). Then the client's own limit, so a noisy client is turned away
-        before it can take one of the shared slots."""
+        before it can take one of the shared slots. `nbytes` is the request's size
+        as far as it is known before it is read (HTTP's Content-Length)."""
         self.log.check_room()
         self.limits.acquire(client)
         if not self._slots.acquire(blocking=False):
             self.limits.release(client)
             raise Overloaded("too many requests in flight", retry_after=1.0)
-        return _Slot(self, client)
+        try:
+            self._reserve(nbytes)
+        except Overloaded:
+            self._slots.release()
+            self.limits.release(client)
+            raise
+        return _Slot(self, client, nbytes)
+
+    def _reserve(self, nbytes: int) -> None:
+        """Counts a request's bytes in flight, or refuses it past
+        `max_inflight_bytes`. The receiver's memory is its requests in flight (the
+        bytes, then their parsed messages, 1-2x as large), so a count of requests
+        alone let it grow with their sizes and the number of clients: measured on
+        5 KB spans, 4 senders of 2.4 MiB requests took the receiver from 31 to 65
+        MiB, 16 senders to 151. One request is always let in when none is, whatever
+        its size (up to max_request_bytes)."""
+        with self._bytes_lock:
+            budget = self.max_inflight_bytes
+            if budget and self._bytes and self._bytes + max(nbytes, 1) > budget:
+                raise Overloaded(f"{self._bytes} bytes of requests in flight, at the {budget}-byte budget "
+                                 "(collector.max_inflight_bytes)", retry_after=1.0)
+            self._bytes += nbytes
+
+    def _resize(self, old: int, new: int) -> None:
+        with self._bytes_lock:
+            self._bytes += new - old
 
     def export(self, signal: str, parsed: Parsed) -> Result:
         msg = parsed.message
@@ -111,13 +140,18 @@ class Pipeline:
 
 
 class _Slot:
-    def __init__(self, p: Pipeline, client: str):
+    def __init__(self, p: Pipeline, client: str, nbytes: int = 0):
         self.p = p
         self.client = client
+        self.nbytes = nbytes  # counted in the pipeline's bytes in flight
 
     def charge(self, nbytes: int) -> None:
-        """Bills the request's decompressed size to its client's write rate."""
+        """Bills the request's decompressed size to its client's write rate, and
+        counts it in flight in place of the size known at admission (it is read
+        by now: never refused for it)."""
         self.p.limits.charge(self.client, nbytes)
+        self.p._resize(self.nbytes, nbytes)
+        self.nbytes = nbytes
 
     def __enter__(self):
         self.p.metrics.inflight.inc()
@@ -125,6 +159,7 @@ class _Slot:
 
     def __exit__(self, *exc):
         self.p.metrics.inflight.dec()
+        self.p._resize(self.nbytes, 0)
         self.p._slots.release()
         self.p.limits.release(self.client)
         return False
