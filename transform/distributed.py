@@ -171,8 +171,13 @@ def _head(cpus: int):
     node's exit hooks either (`shutdown_at_exit`: they replace the process's SIGTERM
     handler): the engine stops the node, and the kernel's fate-sharing (or Ray's
     reaper) stops it if this process dies."""
+    import inspect
+
     from ray._private.node import Node
     from ray._private.parameter import RayParams
+
+    if list(inspect.signature(Node.start_api_server).parameters) != ["self", "include_dashboard", "raise_on_failure"]:
+        raise TypeError("Ray's Node.start_api_server changed")  # before any process starts: ray.init's way instead
 
     class Head(Node):
         def start_api_server(self, *, include_dashboard, raise_on_failure) -> None:
