@@ -196,3 +196,20 @@ def test_a_few_large_span_files_are_split_by_row_groups_on_ray_and_the_rows_are_
     local = B.build(cfg(data, "local"), now_ns=now)
     assert local.transitions == 60 and lines(local, data) == lines(remote, on_ray)
     same(data, on_ray)
+
+
+def test_a_round_of_three_dates_on_two_workers_runs_at_once_sharing_the_cores(tmp_path, cluster):
+    """A date's partition is one file, so three dates on two workers were two rounds,
+    the second on one core. `spread` runs them together, each with 2/3 of a CPU (in
+    Ray's ten-thousandths, rounded down so that three fit in two)."""
+    import ray_together
+
+    from nightshift.transform import distributed
+    from nightshift.transform.config import BuildConfig
+
+    assert distributed.share(2, 3) == 0.6666 and 3 * 6666 <= 2 * 10_000
+    assert distributed.share(2, 2) == distributed.share(2, 4) == distributed.share(2, 1) == 1.0  # whole rounds
+    with distributed.Engine(BuildConfig(engine="ray")) as engine:  # the module's cluster: 2 CPUs
+        assert engine.cpus == 2
+        met = engine.run(ray_together.meet, [0, 1, 2], (str(tmp_path), 3, 60.0), spread=True)
+    assert met == [True, True, True]

@@ -638,9 +638,9 @@ def stage_day(job: _DayJob, shared: object = None) -> int:
 
 
 def _engine_run(engine: distributed.Engine, work, jobs: list, cfg: TransformConfig, shared: object = None,
-                tick=lambda: None) -> list:
+                tick=lambda: None, spread: bool = False) -> list:
     try:
-        return engine.run(work, jobs, shared, tick)
+        return engine.run(work, jobs, shared, tick, spread)
     except distributed.EngineError as e:
         raise BuildError(str(e)) from None
 
@@ -1247,7 +1247,7 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
         days = sorted(window_days | set(held))
         if engine.remote and output.is_local(fs):  # each date staged by a worker, committed here, one by one
             staged = _engine_run(engine, stage_day, [_DayJob(day, held.get(day, []), adv, os.path.join(tmp, f"stage-{day}"))
-                                                     for day in days], cfg)
+                                                     for day in days], cfg, spread=True)  # a file per date
         for i, day in enumerate(days):
             if engine.remote and output.is_local(fs):
                 n = staged[i]

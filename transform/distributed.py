@@ -21,6 +21,7 @@ beside the output (`<data>/transitions/.build-*`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import resource
 import socket
@@ -73,14 +74,19 @@ class Engine:
             self._stop = None
 
     def run(self, work: Callable[[J, object], D], jobs: list[J], shared: object = None,
-            tick: Callable[[], None] = lambda: None) -> list[D]:
+            tick: Callable[[], None] = lambda: None, spread: bool = False) -> list[D]:
+        """`spread`: jobs that cannot be cut finer (a date's partition is one file)
+        run all at once when there are fewer than two per CPU, each with its share of
+        the CPUs, so the cores are shared to the end of the round instead of one job
+        running alone after the others: three dates on two workers were two rounds,
+        one of them on one core. Not for jobs sized to a worker's memory."""
         if not self.remote:
             out = []
             for job in jobs:
                 out.append(work(job, shared))
                 tick()
             return out
-        return _on_ray(work, jobs, shared, tick, self.usage)
+        return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0)
 
 
 def _reachable(address: str) -> str:
@@ -197,10 +203,19 @@ def _remote(work, job, shared):
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]]):
+def share(cpus: int, jobs: int) -> float:
+    """CPUs per task for `jobs` tasks on `cpus` CPUs: 1, or, between one and two
+    tasks per CPU, a share that lets them all run at once. Ray counts CPUs in
+    ten-thousandths: rounded down, or the shares would add up to more than the CPUs."""
+    if not cpus < jobs < 2 * cpus:
+        return 1.0
+    return math.floor(cpus * 10_000 / jobs) / 10_000
+
+
+def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float = 1.0):
     import ray
 
-    task = ray.remote(num_cpus=1, max_retries=RETRIES)(_remote)
+    task = ray.remote(num_cpus=cpus, max_retries=RETRIES)(_remote)
     shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
     refs = {task.remote(work, job, shared_ref): i for i, job in enumerate(jobs)}
     out: list = [None] * len(jobs)
