@@ -92,12 +92,13 @@ class Floor:
 
 def measure_floor(root: Path) -> Floor:
     """What no build can beat: read the same spans Parquet whole with pyarrow, and
-    write the same transitions with the build's writer settings (zstd 3, row groups
-    of 16,384). One file, one row group at a time, so the floor fits any input; the
+    write the same transitions with the build's writer settings (`output.WRITER`, row
+    groups of 16,384). One file, one row group at a time, so the floor fits any input; the
     transitions are read back untimed."""
     import pyarrow.parquet as pq
 
     from nightshift.schemas import transitions
+    from nightshift.transform import output
 
     wall = cpu = read_s = write_s = 0.0
     for f in sorted(glob.glob(str(root / "spans" / "date=*" / "*.parquet"))):
@@ -108,7 +109,7 @@ def measure_floor(root: Path) -> Floor:
     sink = root / ".floor.parquet"
     for f in sorted(glob.glob(str(root / "transitions" / "date=*" / "*.parquet"))):
         src = pq.ParquetFile(f)
-        with pq.ParquetWriter(sink, transitions.SCHEMA, compression="zstd", compression_level=3) as w:
+        with pq.ParquetWriter(sink, transitions.SCHEMA, **output.WRITER) as w:
             for g in range(src.num_row_groups):
                 t = src.read_row_group(g).cast(transitions.SCHEMA)
                 t0, c0 = time.perf_counter(), time.process_time()

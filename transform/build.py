@@ -1108,7 +1108,16 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
     """Build the transitions of every date (or of `since`..`until`), or, with
     `incremental`, of the dates whose rows changed since the last build (a full build
     of the same data at the same clock would give the same rows). `now_ns` is the
-    clock that decides which trajectories have settled."""
+    clock that decides which trajectories have settled. One build at a time per lake."""
+    fs, root = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
+    try:
+        with output.held(fs, root.rstrip("/")):
+            return _build(cfg, now_ns, progress)
+    except output.Busy as e:
+        raise BuildError(str(e)) from None
+
+
+def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
     cfg.check()
     try:
         distributed.check(cfg.build)
