@@ -81,11 +81,12 @@ def test_a_candidate_is_encoded_once_unless_it_has_slots_to_fill():
     from nightshift.route.prompt import PromptRouter
 
     agent_t = "You are the support agent of Acme. Today is {{date}}. Answer in one sentence."
+    kind = agent_t + " Be kind."
     routes = {
         "plain": parse(f"prompt:{system_id([AGENT])}", {"kind": "prompt", "candidate": system_id([CANDIDATE]),
                                                          "system": CANDIDATE, "share": 1.0}),
-        "slots": parse(f"prompt:{system_id([agent_t])}", {"kind": "prompt", "share": 1.0, "system": agent_t + " Be kind.",
-                                                           "candidate": system_id([agent_t + " Be kind."])}),
+        "slots": parse(f"prompt:{system_id([agent_t])}", {"kind": "prompt", "candidate": system_id([kind]),
+                                                           "system": kind, "share": 1.0}),
     }
     router = PromptRouter()
 
