@@ -43,7 +43,7 @@ def make_export(signal: str, pipeline: Pipeline, token: str, limit: int):
                     raise Unauthenticated("missing or wrong bearer token (metadata `authorization: Bearer <token>`)")
             if len(request) > limit:
                 raise TooLarge(f"request is {len(request)} bytes, over the {limit}-byte limit")
-            with pipeline.admit(peer_host(context.peer()), len(request)) as slot:
+            with pipeline.admit(peer_host(context.peer()), len(request), signal) as slot:
                 slot.charge(len(request))
                 result = pipeline.export(signal, decode.parse(signal, request, decode.PROTOBUF))
             return export_response(signal, result).SerializeToString()

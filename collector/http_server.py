@@ -79,7 +79,7 @@ def make_post(pipeline: Pipeline, *, token: str, limit: int) -> Callable[..., Re
                 raise Unauthenticated("missing or wrong bearer token (header `Authorization: Bearer <token>`)")
             ctype = headers.get("content-type")
             media = feedback_media_type(ctype) if signal == "feedback" else decode.media_type(ctype)
-            with pipeline.admit(client, _content_length(headers)) as slot:
+            with pipeline.admit(client, _content_length(headers), signal) as slot:
                 body_read = True
                 body = decode.decompress(read_body(), headers.get("content-encoding"), limit)
                 slot.charge(len(body))

@@ -37,14 +37,16 @@ class Pipeline:
         self._bytes = 0  # request bytes admitted and not yet answered
         self._bytes_lock = threading.Lock()
 
-    def admit(self, client: str = "", nbytes: int = 0) -> "_Slot":
+    def admit(self, client: str = "", nbytes: int = 0, signal: str = "") -> "_Slot":
         """A context manager holding one of the client's slots and one of the
         collector's, or Throttled / Overloaded at once. A log at its cap refuses
         first (`WriteAheadLog.check_room`: nobody's request could be kept, so none
         is read). Then the client's own limit, so a noisy client is turned away
         before it can take one of the shared slots. `nbytes` is the request's size
-        as far as it is known before it is read (HTTP's Content-Length)."""
-        self.log.check_room()
+        as far as it is known before it is read (HTTP's Content-Length). Metric
+        points are counted, never logged: a full log is no reason to refuse them."""
+        if signal != "metrics":
+            self.log.check_room()
         self.limits.acquire(client)
         if not self._slots.acquire(blocking=False):
             self.limits.release(client)

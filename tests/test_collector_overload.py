@@ -67,6 +67,18 @@ def test_a_log_with_room_takes_requests_and_a_huge_refused_record_is_not_waited_
     p.log.close()
 
 
+def test_metric_points_are_still_counted_at_the_cap(full):
+    """Metric points are counted, never written to the log: a full log must not
+    make every metrics exporter retry for nothing."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    body = ExportMetricsServiceRequest().SerializeToString()
+    post = make_post(full, token="", limit=1 << 20)
+    assert post("/v1/metrics", {"content-type": "application/x-protobuf"}, lambda: body, "agent").code == 200
+    export = grpc_server.make_export("metrics", full, "", 1 << 20)
+    assert export(body, StandInContext()) is not None
+
+
 class StandInContext:
     """The part of grpc.ServicerContext the Export handler uses (a stand-in: the
     servers' own tests run the real one)."""
