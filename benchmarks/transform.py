@@ -724,10 +724,12 @@ def _cpu_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
                    f"({inside / (inside + tasks):.0%})")
         if w != max(x for x, _ in runs):
             continue
-        busiest = max(cpu)  # the longest worker bounds the wall time: its imbalance counts as serial too
+        # the longest worker bounds the wall time (its imbalance counts as serial too), and so do the cores: a
+        # round of dates spread over more worker processes than cores (Engine.run spread) shares them
+        busiest = max(max(cpu), tasks / w)
         got = (whole + tasks) / (whole + busiest)
         late = (inside + tasks) / (inside + busiest)
-        out.append(f"  speed-up from CPU-seconds with {w} worker(s), (driver + tasks) / (driver + busiest worker): "
+        out.append(f"  speed-up from CPU-seconds with {w} worker(s), (driver + tasks) / (driver + max(busiest worker, tasks / workers)): "
                    f"{got:.2f}x ({T_RAY}) {T_RAY.verdict(got) if w == 2 else ''}; {late:.2f}x without the driver's "
                    "fixed start-up (a window large enough that it does not count)")
         fixed = whole - inside
