@@ -28,7 +28,7 @@ system prompt: every request's prompt is folded and hashed, and SHARE of the
 conversations get the candidate's text in its place and their answers marked
 (`+p:<version>` on every streamed event's `model`), the work a prompt trial adds.
 `--parts` times that work apart, step by step on the same request and stream, in
-CPU microseconds (the best of 3 passes: on shared cores a figure less disturbed
+CPU microseconds (the best of 5 passes: on shared cores a figure less disturbed
 than any p99), and what it adds per request at the share `--prompt` gives (0.5).
 """
 
@@ -418,15 +418,18 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
 # --- the prompt arm's parts, apart ----------------------------------------------------------
 
 
-def cpu_us(f, n: int, passes: int = 3) -> float:
-    """CPU microseconds per call of f(i), i in range(n): the best of `passes`."""
-    best = float("inf")
+def cpu_us(steps: dict, n: int, passes: int = 5) -> dict[str, float]:
+    """CPU microseconds per call of each step f(i), i in range(n): the best of
+    `passes`, the steps taking turns in each pass so that a burst of others' work
+    lands on one pass of each, not on every pass of one."""
+    best = dict.fromkeys(steps, float("inf"))
     for _ in range(passes):
-        t0 = time.process_time()
-        for i in range(n):
-            f(i)
-        best = min(best, (time.process_time() - t0) / n)
-    return 1e6 * best
+        for name, (f, k) in steps.items():
+            t0 = time.process_time()
+            for i in range(k):
+                f(i)
+            best[name] = min(best[name], (time.process_time() - t0) / k)
+    return {name: 1e6 * v for name, v in best.items()}
 
 
 def parts(args: argparse.Namespace, tmp: Path) -> list[str]:
@@ -487,20 +490,19 @@ def parts(args: argparse.Namespace, tmp: Path) -> list[str]:
             m.feed(e)
         m.flush()
 
-    t = {
-        "decision, no prompt route (Proxy._plan)": cpu_us(lambda i: plain._plan(request, bodies[i]), n),
-        "decision, prompt route, serving arm": cpu_us(lambda i: serving._plan(request, bodies[i]), n),
-        "decision, prompt route, candidate arm": cpu_us(lambda i: cand._plan(request, bodies[i]), n),
-        "  of which: body read (every routed request)": cpu_us(lambda i: read(bodies[i]), n),
-        "  of which: prompt matched (PromptRouter.find)": cpu_us(lambda i: cand.prompts.find(parsed[i],
-                                                                                          cand.table.prompts), n),
-        "  of which: the prompt route's choice": cpu_us(lambda i: choose(route, keys[i]), n),
-        "  of which: the candidate's edits": cpu_us(lambda i: cand.prompts.edits(match, parsed[i]), n),
-        "the body spliced (model and prompt)": cpu_us(lambda i: edited(bodies[i], [(*parsed[i].model_span(),
-                                                                                    b'"agent@v0002"'),
-                                                                                   *plans[i][4]]), n),
-        marks: cpu_us(stream, n // 2),
-    }
+    t = cpu_us({
+        "decision, no prompt route (Proxy._plan)": (lambda i: plain._plan(request, bodies[i]), n),
+        "decision, prompt route, serving arm": (lambda i: serving._plan(request, bodies[i]), n),
+        "decision, prompt route, candidate arm": (lambda i: cand._plan(request, bodies[i]), n),
+        "  of which: body read (every routed request)": (lambda i: read(bodies[i]), n),
+        "  of which: prompt matched (PromptRouter.find)": (lambda i: cand.prompts.find(parsed[i],
+                                                                                    cand.table.prompts), n),
+        "  of which: the prompt route's choice": (lambda i: choose(route, keys[i]), n),
+        "  of which: the candidate's edits": (lambda i: cand.prompts.edits(match, parsed[i]), n),
+        "the body spliced (model and prompt)": (lambda i: edited(bodies[i], [(*parsed[i].model_span(),
+                                                                              b'"agent@v0002"'), *plans[i][4]]), n),
+        marks: (stream, n // 4),
+    }, n)
     added = (t["decision, prompt route, serving arm"] * (1 - share) + t["decision, prompt route, candidate arm"]
              * share - t["decision, no prompt route (Proxy._plan)"]
              + share * t[marks])
