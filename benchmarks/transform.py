@@ -710,6 +710,7 @@ def _cpu_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
     gives it (the CLI's imports and Ray's start-up included: fixed, whatever the
     window), and the driver's CPU inside the build alone (what grows with the window)."""
     out = []
+    one = one_tasks = 0.0  # the 1-worker run's driver + tasks (its time on one core, had it had one), its tasks
     for w, run in runs:
         _, cpu = _ray_line(run.stdout)
         m = next((re.search(r"the driver's CPU: ([\d.]+) s", x) for x in run.stdout.splitlines()
@@ -718,6 +719,8 @@ def _cpu_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
             continue
         inside, tasks = float(m.group(1)), sum(cpu)
         whole = max(run.cpu, inside)
+        if w == 1:
+            one, one_tasks = whole + tasks, tasks
         out.append(f"  {w} worker(s), CPU-seconds: tasks {tasks:.1f} s (" + " + ".join(f"{c:.1f}" for c in cpu)
                    + f" by worker); driver {whole:.1f} s as wait4 counts its process (serial share "
                    f"{whole / (whole + tasks):.0%}), of which {inside:.1f} s inside the build "
@@ -731,7 +734,10 @@ def _cpu_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
         late = (inside + tasks) / (inside + busiest)
         out.append(f"  speed-up from CPU-seconds with {w} worker(s), (driver + tasks) / (driver + max(busiest worker, tasks / workers)): "
                    f"{got:.2f}x ({T_RAY}) {T_RAY.verdict(got) if w == 2 else ''}; {late:.2f}x without the driver's "
-                   "fixed start-up (a window large enough that it does not count)")
+                   "fixed start-up (a window large enough that it does not count)"
+                   + (f"; {one / (whole + busiest):.2f}x against the 1-worker run's own CPU-seconds (2 workers' tasks "
+                      f"took {tasks / one_tasks - 1:+.0%} CPU-seconds against 1 worker's, each run under its own load)"
+                      if one_tasks else ""))
         fixed = whole - inside
         out.append("  projected for N workers (Amdahl in CPU-seconds, serial = the driver): this window "
                    + ", ".join(f"N={n}: {(whole + tasks) / (whole + tasks / n):.1f}x" for n in (2, 4, 8, 16, 64))
