@@ -906,7 +906,7 @@ def report_overload(rep: harness.Report, args: argparse.Namespace, over: Overloa
             f"{args.transport} senders, closed loop; a refused sender waits 0.1 s and sends new spans):")
     rep.extend(phase_lines(ph))
     rep.say(f"  acknowledged {fmt(ph.rate)} spans/s; to Parquet while it ran {fmt(over.durable)} spans/s "
-            f"(the flushed counter's slope); told 503: {ph.refused / ph.elapsed:.1f} requests/s")
+            f"(the flushed counter's slope); told to retry (503 / UNAVAILABLE): {ph.refused / ph.elapsed:.1f} requests/s")
     rep.say(f"  backlog (WAL): {start:.0f} MiB at the start, mean {mean:.0f}, peak {peak:.0f} MiB; Parquet at most "
             f"{over.lag_max:.1f} s behind")
     rep.say(f"  RSS: receiver max {rss.max_r:.0f} MiB, flusher max {rss.max_f:.0f} MiB, sum max {rss.max_sum:.0f} MiB "
@@ -1173,7 +1173,7 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
     if overs:
         rep.say(f"  under sustained overload (WAL capped at {overs[0].over.cap / MB:g} MiB, clients told 503 + Retry-After "
                 "past it): the throttled figures, beside the unthrottled ones above, NOT the target")
-        rep.say(f"  {'spans':>9} {'acknowledged/s':>15} {'to Parquet/s':>13} {'of unthrottled':>15} {'503/s':>6} "
+        rep.say(f"  {'spans':>9} {'acknowledged/s':>15} {'to Parquet/s':>13} {'of unthrottled':>15} {'busy/s':>6} "
                 f"{'backlog MiB':>12} {'lag s':>6} {'RSS MB':>7} {'anon MB':>8} {'lost/dup':>9}")
         for r in overs:
             o = r.over
@@ -1183,7 +1183,7 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
                     f"{f'{mean:.0f}/{peak:.0f}':>12} {o.lag_max:>6.1f} {o.rss.max_sum * MB / 1e6:>7.0f} "
                     f"{o.rss.max_anon_sum * MB / 1e6:>8.0f} {f'{o.lost}/{o.stored.rows - o.stored.unique}':>9}")
         rep.say("  (of unthrottled: to Parquet at the cap over the unthrottled acknowledged rate, what the 0.8x target "
-                "measures; backlog mean/peak; lag: how far Parquet fell behind, at most)")
+                "measures; busy/s: requests told 503 / UNAVAILABLE a second; backlog mean/peak; lag: how far Parquet fell behind, at most)")
     rep.say("  the flusher's own speed, and the ratio it reaches given a core (the measured ratio counts its wait "
             "for one on a machine the senders share):")
     for r in runs:
