@@ -13,7 +13,8 @@ retries when a worker dies (`max_retries`) and spreads over a cluster with nothi
 else to learn; Dask's strength, collections of dataframes, is not what a bucket is.
 
 A local cluster is started for the build when no address is given (and torn down
-after); `build.ray_address` (or RAY_ADDRESS, which Ray users set) joins a running
+after), with only the processes a build uses (`_head`: its start-up is every build's
+fixed cost); `build.ray_address` (or RAY_ADDRESS, which Ray users set) joins a running
 one. Every node must reach the data folder at the same path: the scratch parts go
 beside the output (`<data>/transitions/.build-*`).
 """
