@@ -53,16 +53,30 @@ def ray_processes() -> dict[str, int]:
     return out
 
 
-def gone(kinds=("gcs_server", "raylet/raylet"), within: float = 10.0) -> bool:
+def agents(since: float) -> list[int]:
+    """The raylet's agents started since `since`, wherever they are now: a raylet
+    killed outright leaves them running, children of init, not of this process."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "create_time", "status"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if p.info["create_time"] >= since and p.info["status"] != psutil.STATUS_ZOMBIE and (
+                "DashboardAgent" in line or "RuntimeEnvAgent" in line or "dashboard/agent.py" in line):
+            out.append(p.pid)
+    return out
+
+
+def gone(since: float, kinds=("gcs_server", "raylet/raylet"), within: float = 10.0) -> bool:
+    """The cluster's processes have all exited, its agents too."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not set(kinds) & set(ray_processes()):
+        if not set(kinds) & set(ray_processes()) and not agents(since):
             return True
         time.sleep(0.1)
     return False
 
 
 def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after():
+    since = time.time() - 1
     settings = BuildConfig(engine="ray", workers=2)
     with distributed.Engine(settings) as engine:
         running = ray_processes()
@@ -72,7 +86,7 @@ def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after():
     # nothing scales a build's own cluster, nothing forwards its workers' output, nobody looks at a dashboard
     assert "log_monitor.py" not in running and "autoscaler/_private/monitor.py" not in running
     assert "dashboard/dashboard.py" not in running
-    assert not ray.is_initialized() and gone()
+    assert not ray.is_initialized() and gone(since)
 
 
 def test_a_build_joins_a_running_cluster_at_its_address_and_leaves_it_running(tmp_path):
@@ -93,6 +107,7 @@ def test_a_build_joins_a_running_cluster_at_its_address_and_leaves_it_running(tm
     write_spans(str(data), traces)
     on_ray = mirror(data, tmp_path / "ray")
     now = T0 + 3600 * S
+    since = time.time() - 1
     node = distributed._head(2)
     try:
         c = cfg(on_ray, "ray")
@@ -101,9 +116,9 @@ def test_a_build_joins_a_running_cluster_at_its_address_and_leaves_it_running(tm
         assert remote.workers and not ray.is_initialized()
         assert all(p.process.poll() is None for ps in node.all_processes.values() for p in ps)  # still up
     finally:
-        node.kill_all_processes(check_alive=False, allow_graceful=False)
+        node.kill_all_processes(check_alive=False, allow_graceful=True)  # SIGKILL would orphan its agents
     local = B.build(cfg(data, "local"), now_ns=now)
     assert local.transitions == remote.transitions == 12
     same(data, on_ray)
-    assert gone()
+    assert gone(since)
     assert os.environ.get("RAY_ADDRESS") is None

@@ -148,7 +148,7 @@ def _init(settings) -> Callable[[], None] | None:
         try:
             ray.init(address=node.address, logging_level=logging.WARNING, log_to_driver=False)
         except BaseException:
-            node.kill_all_processes(check_alive=False, allow_graceful=False)
+            node.kill_all_processes(check_alive=False, allow_graceful=True)  # SIGKILL orphans the raylet's agents
             raise
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise EngineError(f"cannot start or join the Ray cluster{' at ' + address if address else ''}: {e}") from None
