@@ -34,6 +34,18 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 NOT_RUN = {
     "make demo": "minutes of CPU; its path runs in tests/test_closed_loop.py and tests/test_nightly.py",
     "make test": "this suite: CI's .ci/run runs it",
+    # the scale-out recipes: each needs what is not here (the otelcol binary, S3, a Ray cluster, GPUs);
+    # the test named beside each runs its path on this machine
+    "otelcol --config recipes/otelcol-loadbalancing.yaml":
+        "the otelcol-contrib binary; tests/test_recipes.py checks the file, tests/test_collectors_side_by_side.py "
+        "splits traces by trace id across collectors as it does",
+    "nightshift collect --data s3://bucket/lake --wal /var/lib/nightshift/wal-$POD":
+        "a bucket; tests/test_collectors_side_by_side.py runs two collectors on S3 through moto",
+    "nightshift build --data s3://bucket/lake --build-engine ray --build-ray-address auto":
+        "a running cluster; tests/test_transform_ray_local.py joins one by address, tests/test_transform_ray.py "
+        "builds on a local one",
+    "torchrun --nproc_per_node 8 -m nightshift.cli train --config nightshift.yaml":
+        "8 GPUs; tests/test_trainer_ddp.py runs it with 2 processes on gloo",
 }
 INLINE = re.compile(r"`(nightshift [^`]+)`")
 
