@@ -311,8 +311,12 @@ def _check(s: Session, steps: list[Block]) -> None:
     assert all(list(a) == nodes for a in order["agent_name"]), order
     assert tr["reward"].null_count() == 0 and tr["reward_source"].str.starts_with("span:").all(), \
         tr.select("reward", "reward_source")
-    assert (tr["input_messages"].list.len() > 0).all() and tr["output_message"].struct.field("content").null_count() == 0, \
-        "rows without their messages: content was not captured"
+    # capture off would leave every row without its input messages; an answer without content is the
+    # stand-in's tiny random model sampling its end token first (unseeded, ~1 call in a few hundred:
+    # CI at 69465b1 met one), which the build rightly records as no content, so most answers, not all
+    answered = tr["output_message"].struct.field("content").is_not_null().sum()
+    assert (tr["input_messages"].list.len() > 0).all() and answered >= tr.height - 1, \
+        ("rows without their messages: content was not captured", tr.select("input_messages", "output_message"))
     assert set(tr["service_name"]) == {"support-agent"}
 
     # the README's query printed each agent
