@@ -365,7 +365,11 @@ def run_build(root: Path, extra: list[str], timeout: float, rss_limit: float) ->
     run.samples = sampler.samples
     run.proc_cpu = sampler.cpu
     run.over_rss = sampler.over
-    run.other_cores = max(0.0, (busy1 - busy0) - run.cpu) / run.wall if run.wall else 0.0
+    # the build's own CPU: what wait4 reaped, or what the sampler saw its processes use, whichever is more
+    # (Ray's workers are the raylet's children, stopped by the node: wait4 never reaps them, and a quiet
+    # machine read "other processes used 1.7 cores" when only the build's own Ray workers ran)
+    own = max(run.cpu, sum(c for _, c in sampler.cpu.values()))
+    run.other_cores = max(0.0, (busy1 - busy0) - own) / run.wall if run.wall else 0.0
     run.stdout = out_path.read_text(errors="replace")
     run.stderr = err_path.read_text(errors="replace")
     return run
