@@ -17,6 +17,8 @@ from nightshift.collector.metrics import Metrics
 from nightshift.collector.pipeline import Pipeline
 from nightshift.collector.redact import Redactor
 
+from hardening.fuzz import StandInContext  # the one stand-in of grpc.ServicerContext; abort raises a RuntimeError
+
 CAP = 8192
 RECORD = 3000  # two fit under the cap, a third does not
 
@@ -77,28 +79,6 @@ def test_metric_points_are_still_counted_at_the_cap(full):
     assert post("/v1/metrics", {"content-type": "application/x-protobuf"}, lambda: body, "agent").code == 200
     export = grpc_server.make_export("metrics", full, "", 1 << 20)
     assert export(body, StandInContext()) is not None
-
-
-class StandInContext:
-    """The part of grpc.ServicerContext the Export handler uses (a stand-in: the
-    servers' own tests run the real one)."""
-
-    def __init__(self) -> None:
-        self.code = None
-        self.trailers: tuple = ()
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:40000"
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-    def set_trailing_metadata(self, md) -> None:
-        self.trailers = md
-
-    def abort(self, code, details) -> None:
-        self.code = code
-        raise RuntimeError(details)
 
 
 def test_grpc_request_that_cannot_fit_is_refused_unparsed(full):

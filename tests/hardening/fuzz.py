@@ -79,8 +79,8 @@ class ChunkResult:
     seconds: float = 0.0
 
 
-class _Abort(Exception):
-    pass
+class _Abort(RuntimeError):
+    """What StandInContext.abort raises, as grpc's real context raises an exception to end the call."""
 
 
 class StandInContext:
