@@ -18,7 +18,7 @@ import ray
 
 from nightshift.transform import build as B
 from test_incremental import SETTLE, History, cfg_for
-from traces import T0, Trace, genai_call, write_spans
+from traces import T0, Trace, agent_run, genai_call, write_spans
 
 S = 10**9
 TESTS = str(Path(__file__).resolve().parent)
@@ -110,17 +110,7 @@ def test_a_worker_killed_mid_bucket_is_retried_and_nothing_half_written(tmp_path
     Ray runs the bucket again on another worker, the driver commits after every
     bucket is done, and the rows are those of a build in one process."""
     data = tmp_path / "data"
-    traces = []
-    for i in range(24):
-        t = Trace(f"kill-{i}")
-        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
-                      start=i, end=i + 30)
-        for k in range(2):
-            t.span("chat m", genai_call(f"task {i % 5}", f"answer {k}"), parent=root, start=i + 1 + k, end=i + 2 + k)
-        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
-                                             "agentlightning.reward.0.value": float(i % 2)},
-               parent=root, start=i + 25, end=i + 26)
-        traces.append(t)
+    traces = [agent_run(f"kill-{i}", i, calls=2, task=f"task {i % 5}", reward=float(i % 2)) for i in range(24)]
     write_spans(str(data), traces)
     on_ray = mirror(data, tmp_path / "ray")
     now = T0 + 3600 * S
@@ -170,17 +160,7 @@ def test_a_few_large_span_files_are_split_by_row_groups_on_ray_and_the_rows_are_
     import pyarrow.parquet as pq
 
     data = tmp_path / "data"
-    traces = []
-    for i in range(30):
-        t = Trace(f"cut-{i}")
-        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
-                      start=i, end=i + 30)
-        for k in range(2):
-            t.span("chat m", genai_call(f"task {i % 4}", f"answer {k}"), parent=root, start=i + 1 + k, end=i + 2 + k)
-        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
-                                             "agentlightning.reward.0.value": float(i % 3 == 0)},
-               parent=root, start=i + 25, end=i + 26)
-        traces.append(t)
+    traces = [agent_run(f"cut-{i}", i, calls=2, task=f"task {i % 4}", reward=float(i % 3 == 0)) for i in range(30)]
     write_spans(str(data), traces)
     (path,) = (data / "spans").rglob("*.parquet")
     pq.write_table(pq.read_table(path), path, row_group_size=16)  # 120 spans: 8 row groups, metadata kept

@@ -23,7 +23,7 @@ from nightshift.transform import build as B
 from nightshift.transform import distributed
 from nightshift.transform.config import BuildConfig
 from test_transform_ray import cfg, mirror, same
-from traces import T0, Trace, genai_call, write_spans
+from traces import T0, agent_run, write_spans
 
 S = 10**9
 
@@ -94,16 +94,8 @@ def test_a_build_joins_a_running_cluster_at_its_address_and_leaves_it_running(tm
     rows are those of a build in one process, and the cluster is someone else's: the
     build disconnects and leaves it up."""
     data = tmp_path / "data"
-    traces = []
-    for i in range(12):
-        t = Trace(f"join-{i}")
-        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
-                      start=i, end=i + 30)
-        t.span("chat m", genai_call(f"task {i % 3}", "answer"), parent=root, start=i + 1, end=i + 2)
-        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
-                                             "agentlightning.reward.0.value": float(i % 2)},
-               parent=root, start=i + 25, end=i + 26)
-        traces.append(t)
+    traces = [agent_run(f"join-{i}", i, calls=1, task=f"task {i % 3}", reward=float(i % 2), answer="answer")
+              for i in range(12)]
     write_spans(str(data), traces)
     on_ray = mirror(data, tmp_path / "ray")
     now = T0 + 3600 * S

@@ -14,7 +14,7 @@ import pytest
 from nightshift.transform import build as B
 from nightshift.transform import credit, pool, spill
 from nightshift.transform.config import TransformConfig
-from traces import T0, Trace, genai_call, write_logs, write_spans
+from traces import Trace, agent_run, write_logs, write_spans
 
 S = 10**9
 
@@ -83,17 +83,7 @@ def test_no_table_of_the_whole_windows_rows_is_held(tmp_path, monkeypatch):
     columns the build makes holds one bucket's rows or one part's. (Before the
     spill, the whole window's pool was concatenated, sorted and joined in memory.)"""
     data = tmp_path / "data"
-    traces = []
-    for i in range(60):
-        t = Trace(f"spill-{i}")
-        root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
-                      start=i, end=i + 30)
-        for k in range(3):
-            t.span("chat m", genai_call(f"task {i % 7}", f"answer {k}"), parent=root, start=i + 1 + k, end=i + 2 + k)
-        t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r",
-                                             "agentlightning.reward.0.value": float(i % 3) / 2},
-               parent=root, start=i + 25, end=i + 26)
-        traces.append(t)
+    traces = [agent_run(f"spill-{i}", i, calls=3, task=f"task {i % 7}", reward=float(i % 3) / 2) for i in range(60)]
     write_spans(str(data), traces)
     monkeypatch.setattr(spill, "ROWS_PER_PART", 20)
     sizes: list[int] = []

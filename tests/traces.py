@@ -143,3 +143,17 @@ def genai_call(user: str, answer: str | None = None, *, tool_call: tuple[str, st
     if tools:
         a["gen_ai.tool.definitions"] = json.dumps(tools)
     return a
+
+
+def agent_run(trace_id: str, i: int, *, calls: int, task: str, reward: float, answer: str = "answer {k}") -> Trace:
+    """One agent run as the build tests write it: an `invoke_agent a` root at second
+    `i`, `calls` chat calls under it (`answer` formatted with the call's index `k`) and
+    Agent Lightning's reward annotation at the end."""
+    t = Trace(trace_id)
+    root = t.span("invoke_agent a", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+                  start=i, end=i + 30)
+    for k in range(calls):
+        t.span("chat m", genai_call(task, answer.format(k=k)), parent=root, start=i + 1 + k, end=i + 2 + k)
+    t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "r", "agentlightning.reward.0.value": reward},
+           parent=root, start=i + 25, end=i + 26)
+    return t
