@@ -36,6 +36,19 @@ def _adapter(version: str, time: str, **extra) -> dict:
     return {"version": version, "name": f"{NAME}@{version}", "endpoint": URL, "time": time, "mode": "lora", **extra}
 
 
+
+def _nothing_to_train(tmp_path, spans: int):
+    """A lake of agent a's spans, its build settings, and a trainer with nothing to train
+    (selects agent "nobody"): the cheapest adapter that has "nothing to try"."""
+    data = tmp_path / "data"
+    _spans(data, spans, "a")
+    tcfg = TransformConfig()
+    tcfg.data, tcfg.settle = str(data), 0
+    trcfg = TrainConfig()
+    trcfg.output, trcfg.base_model = str(tmp_path / "ck"), str(tmp_path / "no-such-model")
+    trcfg.select.agents = "nobody"
+    return data, tcfg, trcfg
+
 def test_the_two_kinds_take_turns_over_nights_read_from_the_records():
     prompts, adapters = [], []
 
@@ -73,13 +86,7 @@ def test_an_agent_with_an_experiment_running_has_no_turn(tmp_path):
 def test_both_takes_turns_falls_back_and_keeps_its_decision_through_a_crash(tmp_path, upstream,  # noqa: F811
                                                                              route_factory):  # noqa: F811
     r = route_factory(upstream).start()
-    data = tmp_path / "data"
-    _spans(data, 36, "a")
-    tcfg = TransformConfig()
-    tcfg.data, tcfg.settle = str(data), 0
-    trcfg = TrainConfig()
-    trcfg.output, trcfg.base_model = str(tmp_path / "ck"), str(tmp_path / "no-such-model")
-    trcfg.select.agents = "nobody"  # the adapter has nothing to train on: the cheapest "nothing to try"
+    data, tcfg, trcfg = _nothing_to_train(tmp_path, 36)
     n = NightlyConfig(experiments="both", canary=CanarySettings(route_url=r.url))
     apo = ApoConfig(data=str(data), base_url="http://127.0.0.1:9", model="any", candidates=1, timeout=5.0, retries=0,
                     failures=200)  # every failure read: a new kind of failure makes a new candidate
@@ -140,13 +147,7 @@ def test_a_fallback_night_says_why_the_prompt_cannot_go_once(tmp_path, monkeypat
     from nightshift.judge.watch import WatchSettings
     from nightshift.prompts.versions import by_agent
 
-    data = tmp_path / "data"
-    _spans(data, 12, "a")
-    tcfg = TransformConfig()
-    tcfg.data, tcfg.settle = str(data), 0
-    trcfg = TrainConfig()
-    trcfg.output, trcfg.base_model = str(tmp_path / "ck"), str(tmp_path / "no-such-model")
-    trcfg.select.agents = "nobody"  # the adapter has nothing to train on
+    data, tcfg, trcfg = _nothing_to_train(tmp_path, 12)
     n = NightlyConfig(experiments="both", canary=CanarySettings(route_url="http://127.0.0.1:9"),
                       watch=WatchSettings(enabled=False))
     apo = ApoConfig(data=str(data), base_url="http://127.0.0.1:9", model="any", candidates=1, timeout=5.0, retries=0)
