@@ -52,15 +52,21 @@ def _spans(data: Path, n: int, prefix: str, error: str = TOOL_ERROR) -> None:
     write_spans(str(data), traces, batch=prefix)
 
 
-def test_prompt_optimization_nights_propose_try_on_the_route_judge_and_report(tmp_path, upstream,  # noqa: F811
-                                                                             route_factory):  # noqa: F811
-    r = route_factory(upstream).start()
+def _night(tmp_path: Path, trajectories: int) -> tuple[Path, TransformConfig, TrainConfig]:
+    """A lake of `trajectories` solver runs and the build and train settings a night reads it with."""
     data = tmp_path / "data"
-    _spans(data, 36, "a")
+    _spans(data, trajectories, "a")
     tcfg = TransformConfig()
     tcfg.data, tcfg.settle = str(data), 0
     trcfg = TrainConfig()
     trcfg.output = str(tmp_path / "ck")
+    return data, tcfg, trcfg
+
+
+def test_prompt_optimization_nights_propose_try_on_the_route_judge_and_report(tmp_path, upstream,  # noqa: F811
+                                                                             route_factory):  # noqa: F811
+    r = route_factory(upstream).start()
+    data, tcfg, trcfg = _night(tmp_path, 36)
     n = NightlyConfig(experiments="prompts", canary=CanarySettings(route_url=r.url))
     with Standin() as proposer:
         apo = ApoConfig(data=str(data), base_url=proposer.url, model="any", candidates=2, timeout=5.0, retries=0)
@@ -165,12 +171,7 @@ def test_a_prompt_stage_resumed_after_a_failure_says_its_lines_once(tmp_path, mo
     from nightshift.nightly.run import EXIT_FAILED
     from nightshift.prompts import versions
 
-    data = tmp_path / "data"
-    _spans(data, 6, "a")
-    tcfg = TransformConfig()
-    tcfg.data, tcfg.settle = str(data), 0
-    trcfg = TrainConfig()
-    trcfg.output = str(tmp_path / "ck")
+    data, tcfg, trcfg = _night(tmp_path, 6)
     n = NightlyConfig(experiments="prompts", canary=CanarySettings(route_url="http://127.0.0.1:9"),
                       watch=WatchSettings(enabled=False))
     apo = ApoConfig(data=str(data))
