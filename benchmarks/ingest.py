@@ -903,7 +903,7 @@ def report_overload(rep: harness.Report, args: argparse.Namespace, over: Overloa
     rss = over.rss
     rep.say()
     rep.say(f"sustained overload (a second collector, WAL capped at {over.cap / MB:g} MiB, full load {args.senders} "
-            f"{args.transport} senders, closed loop; a refused sender waits 0.1 s and sends new spans):")
+            f"{args.transport} senders, closed loop; a refused sender waits the Retry-After it was sent, then resends the same spans):")
     rep.extend(phase_lines(ph))
     rep.say(f"  acknowledged {fmt(ph.rate)} spans/s; to Parquet while it ran {fmt(over.durable)} spans/s "
             f"(the flushed counter's slope); told to retry (503 / UNAVAILABLE): {ph.refused / ph.elapsed:.1f} requests/s")
