@@ -46,6 +46,7 @@ OPTIONAL = {
     "policy_version": pl.Utf8,
     "temperature": pl.Float64,
     "prompt_seen": pl.Utf8,
+    "flags": pl.List(pl.Utf8),  # sft: which calls came after a tool error (trainer/algorithms/sft.py)
 }
 
 
