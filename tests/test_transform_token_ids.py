@@ -66,8 +66,9 @@ CASES = [
     # (trace, prompt, completion)
     ("a", "[1,2,3]", "[4,5]"), ("a", "[1,2,3,4,5,6]", "[7]"), ("a", "[1,2,3,4,5,6,7,8]", "[9,10]"),
     ("b", "[10,-2,0]", "[2147483647]"), ("b", "[10,-2,0,2147483647,-2147483648]", None),  # widths of every sign
-    ("c", "[+1,2]", "[3]"), ("c", "[+1,2,3,4]", "[5]"),  # a plus: the anchor is not canonical, each alone
+    ("c", "[+1,2]", "[3]"), ("c", "[+1,2,3,4]", "[5]"),  # a plus: the bytes still say where each id ends
     ("d", "[007,1]", "[2]"), ("d", "[007,1,2,3]", "[4]"),  # leading zeros: the same
+    ("k", "[]1]", None), ("k", "[]1,2]", None),  # a bracket inside: more ends than ids, each read alone
     ("e", "[]", "[]"), ("e", "[5,6]", "[]"), ("e", "[5,6,7]", "[8]"),  # empty lists
     ("f", None, "[1,2]"), ("f", "[3]", None), ("f", None, None),  # missing sides
     ("g", "[1,2]", "[3]"), ("g", "[1,2,4,5]", "[6]"),  # a completion the next prompt does not go on with
@@ -87,6 +88,20 @@ def test_ids_sliced_from_the_longest_prompt_are_each_rows_own(order):
     assert got["completion_token_ids"].to_list() == want_c
     assert got["prompt_token_ids"].dtype == pl.List(pl.Int32) and not got["bad_token_ids"].any()
     assert [1, 2, 3, 4, 5, 6, 7, 8] in want_p and [5, 6, 7] in want_p and [4, 5] in want_c  # read, not all null
+
+
+def test_an_anchor_not_written_canonically_is_still_parsed_once(monkeypatch):
+    # its ends were counted from each id's digits, so "+1" or "007" (which the split
+    # reads) made the anchor cover nothing and every row was parsed again on its own
+    rows = [("c", "[+1,2]", "[3]"), ("c", "[+1,2,3,4]", "[5]"), ("d", "[007,1]", "[2]"), ("d", "[007,1,2,3]", "[4]")]
+    parsed = []
+    split = C._split_ids
+    monkeypatch.setattr(C, "_split_ids", lambda text: split(text).map_batches(
+        lambda s: parsed.append(int(s.list.len().sum() or 0)) or s, return_dtype=pl.List(pl.Int32)))
+    got = C.token_columns(_calls(rows))
+    assert got["prompt_token_ids"].to_list() == [[1, 2], [1, 2, 3, 4], [7, 1], [7, 1, 2, 3]]
+    assert got["completion_token_ids"].to_list() == [[3], [5], [2], [4]]
+    assert sum(parsed) == 4 + 1 + 4 + 1  # each anchor once, and the completions after no prompt
 
 
 def test_ids_the_split_cannot_read_are_read_as_json_and_odd_ones_counted_not_raised():

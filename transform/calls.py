@@ -376,9 +376,9 @@ def _from_longest(cols: pl.DataFrame, trace: pl.Series) -> pl.DataFrame:
                .agg(pl.col("i").get(p.str.len_bytes().arg_max()).alias("a")))
     text = f["p"].gather(longest["a"])
     parsed = text.to_frame("p").select(_split_ids(p))["p"]  # raises: the caller falls back
-    ends, first, whole = _comma_ends(parsed, text)
+    ends, first, whole, at = _comma_ends(parsed, text)
     k = longest.select("t", pl.int_range(pl.len(), dtype=pl.UInt32).alias("k"),
-                       pl.Series("_whole", whole))  # an anchor written other than canonically covers no row
+                       pl.Series("_whole", whole))  # an anchor with a bracket inside covers no row
     f = f.join(k, on="t", how="left", maintain_order="left").drop("t")
     f = f.with_columns(text.gather(f["k"]).alias("_a"))
     head = p.str.head(-1) + ","  # "[1,2,3]" -> "[1,2,3,": the anchor must go on with another id
@@ -391,7 +391,7 @@ def _from_longest(cols: pl.DataFrame, trace: pl.Series) -> pl.DataFrame:
     if longest.height:
         k = f["k"].fill_null(0).to_numpy()  # a row of no anchor covers nothing: any will do
         start = first[k]
-        base = np.concatenate(([0], ends))[start]
+        base = at[k]  # where the row's anchor's text starts among the anchors' bytes
         lp = f["p"].str.len_bytes().fill_null(1).to_numpy().astype(np.int64)
         lc = f["c"].str.len_bytes().fill_null(1).to_numpy().astype(np.int64)
         at_p = np.searchsorted(ends, base + lp - 1)  # the id ending at the prompt's closing bracket
@@ -410,32 +410,25 @@ def _from_longest(cols: pl.DataFrame, trace: pl.Series) -> pl.DataFrame:
         "p", "c")
 
 
-def _comma_ends(parsed: pl.Series, text: pl.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _comma_ends(parsed: pl.Series, text: pl.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Where each id of the anchors ends in their text (the comma or bracket after
-    it), counted over all anchors as if their texts were one, from the ids' canonical
-    widths; each anchor's first id's index; and whether the anchor is written that
-    way (no spaces, no leading zeros, no "+"): only then are the ends its text's."""
-    arr = parsed.to_arrow()
+    it), as a place among the anchors' bytes, found in the bytes themselves (one pass:
+    counting each id's digits from its value took a pass per power of ten, more than
+    the parse); each anchor's first id's index and where its text starts; and whether
+    the anchor has one end per id (a bracket inside, "[]1]", has more): only then are
+    the ends its ids'. Whatever else the text holds ("+1", "007"), a row whose text is
+    the anchor's bytes up to one of those commas has the ids `_split_ids` reads before it."""
+    arr = text.to_arrow()
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    offsets -= offsets[0]
-    v = arr.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-    mag = np.abs(v)
-    width = (v < 0).astype(np.int64) + 1  # a minus, and the first digit
-    for p in _POW10:  # then one more digit per power of ten reached (ids rarely pass a million)
-        more = mag >= p
-        if not more.any():
-            break
-        width += more
-    ends = np.cumsum(width + 1)  # each anchor's own ends, plus the previous anchors' total
-    first = offsets[:-1]
-    before = np.concatenate(([0], ends))[first]
-    last = ends[offsets[1:] - 1] - before  # the closing bracket's place in its own text
-    whole = last == text.str.len_bytes().to_numpy().astype(np.int64) - 1
-    return ends, first, whole
-
-
-_POW10 = np.array([10**k for k in range(1, 11)], dtype=np.int64)
+    arr = arr.cast(pa.large_string()) if arr.type != pa.large_string() else arr
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    data = np.frombuffer(arr.buffers()[2] or b"", np.uint8)
+    buf = data[offsets[0]:offsets[-1]]
+    ends = np.flatnonzero((buf == 44) | (buf == 93))  # "," and "]"
+    at = offsets - offsets[0]
+    bounds = np.searchsorted(ends, at)  # each anchor's first end: the first at or after its start
+    whole = np.diff(bounds) == parsed.list.len().to_numpy().astype(np.int64)
+    return ends, bounds[:-1], whole, at[:-1]
 
 
 def _logprobs(v: Any) -> list[float] | None:
