@@ -44,6 +44,14 @@ on --prompt-share of the conversations. The table names the prompt serving after
 night per seed (base: the agent's own; vNNNN: a promoted candidate) and scores it with
 tonight's candidate on the behaviour policy's episodes; apo-placebo is the control.
 
+--world letters (issue 27, "APO + sft beats either alone"): the world's variant
+where a prompt and logged data fix different failures (examples/agent_world/
+complement.py): a third tool the policy almost never calls unless its prompt says
+when (no rewarded rows for sft; the other tools' error names it), and a habit of
+misreading results that no prompt changes (no error to read; rewarded rows unteach
+it). Every arm serves complement.LETTERS_POLICY, and the table adds success by
+question kind after the last night.
+
 Controls in the same run: the behaviour policy scored on the same episodes (its
 spread over seeds). Printed: success per night, mean ± sd over seeds, the gate's
 decisions and their confusion with the measured outcome, the watch's decisions,
@@ -70,12 +78,14 @@ sys.path.insert(0, str(HERE.parent / "examples" / "agent_world"))
 sys.path.insert(0, str(HERE))
 
 import apo_arms  # noqa: E402
+import complement  # noqa: E402
 import counterfactual  # noqa: E402
 import evaluate  # noqa: E402
 import harness  # noqa: E402
 import loop  # noqa: E402
 import paired  # noqa: E402
 import policy  # noqa: E402
+import world  # noqa: E402
 from harness import Target, log, verdict  # noqa: E402
 
 #: Per algorithm: train settings, chosen once on this world and used for every seed and night.
@@ -150,6 +160,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--apo-model", default="", help="the proposer's model name, with --apo-base-url")
     ap.add_argument("--apo-key-env", default="", metavar="VARIABLE",
                     help="the environment variable holding the proposer's key, with --apo-base-url")
+    ap.add_argument("--world", default="", choices=world.VARIANTS,
+                    help="the agent world's variant ('letters': complement.py's, for apo+sft against either alone)")
     ap.add_argument("--drift", default="0.5,0.5", metavar="A,B",
                     help="share of colour questions in night 1's logs (A) and in later nights' traffic and scoring (B)")
     args = ap.parse_args()
@@ -211,6 +223,11 @@ def start_world(args: argparse.Namespace, algorithms: list[str], seeds: list[int
     cache = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
     if args.policy:
         model, which = Path(args.policy).resolve(), f"the folder {args.policy} (--policy)"
+    elif args.world == "letters":
+        lspec = complement.LETTERS_POLICY
+        log("the letters variant's policy (complement.LETTERS_POLICY; cached after the first build)")
+        model = complement.build(cache / f"letters-{lspec.key()}", lspec, progress=False)
+        which = f"letters {lspec.key()} (complement.LETTERS_POLICY, world variant 'letters')"
     elif any(apo_arms.is_apo(a) for a in algorithms):
         # APO needs a policy that reads its system prompt: every arm of this run serves it, so
         # sft here is the weights-only arm that apo+sft is compared with
@@ -447,6 +464,7 @@ def run_nights(w: World, args: argparse.Namespace, algorithms: list[str], seeds:
 
 def main() -> int:
     args = parse_args()
+    world.use(args.world)  # before anything starts: the agents and the gate's checker inherit it
     head = harness.header("nightshift learning benchmark (examples/agent_world), nights of `nightshift nightly` "
                           "with its default gate", args)  # before anything runs: how busy the machine was
     algorithms = args.algorithms.split(",")
@@ -530,6 +548,24 @@ def _serving_path(data: Path) -> str | None:
     return None
 
 
+def by_kind(algorithms: list[str], seeds: list[int], n: Nights, last: int) -> list[str]:
+    """Success by question kind of what serves after the last night, pooled over
+    seeds: which failures each arm fixed (the letters variant's point)."""
+    arms = [("behaviour policy", n.behaviour_scores[last])] + [(a, [n.serving_score[(a, s)] for s in seeds])
+                                                               for a in algorithms]
+    kinds = sorted({k for _, scores in arms for sc in scores for k in sc.kinds})
+    out = [f"success % by question kind after night {last} (what serves; pooled over seeds)"]
+    rows = []
+    for label, scores in arms:
+        cells = []
+        for kind in kinds:
+            ok = sum(sc.by_kind().get(kind, (0, 0))[0] for sc in scores)
+            total = sum(sc.by_kind().get(kind, (0, 0))[1] for sc in scores)
+            cells.append(f"{100 * ok / total:5.1f} (n={total})" if total else "n/a")
+        rows.append((label, *cells))
+    return out + harness.table(rows, header=("", *kinds))
+
+
 def report(head: list[str], args: argparse.Namespace, algorithms: list[str], seeds: list[int], n: Nights,
            seconds: float, policy_used: str = "") -> list[str]:
     nights = range(1, args.nights + 1)
@@ -552,6 +588,8 @@ def report(head: list[str], args: argparse.Namespace, algorithms: list[str], see
         if apo_arms.is_apo(alg):  # which prompt serves, per seed ("base": the agent's own; +adapter: apo+sft's)
             rows.append((alg + " (serving prompt)", *(",".join(n.prompt[(alg, k)]) for k in nights)))
     out.extend(harness.table(rows, header=("", *(f"night {k}" for k in nights))))
+    if args.world:
+        out += by_kind(algorithms, seeds, n, args.nights)
     base_m, base_sd = mean_sd(behaviour[1])
     out.append("gate decisions (better/worse: the candidate's success against what served before it, same episodes; "
                "offline: the default gate's own checks; checker: the world's checker as gate.command; gate: both)")

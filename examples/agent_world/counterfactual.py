@@ -202,6 +202,11 @@ def demonstrations(spec: CounterfactualSpec) -> list[tuple[list[dict], bool]]:
 
 def rows(spec: CounterfactualSpec) -> list[dict]:
     """The demonstrations as transitions, in policy._rows's shape."""
+    return rows_of(demonstrations(spec))
+
+
+def rows_of(chats: list[tuple[list[dict], bool]]) -> list[dict]:
+    """Acted-out chats, with whether each one's read-back call is taught, as transitions."""
     from nightshift.schemas import SCHEMA_VERSION
 
     def message(m: dict) -> dict:
@@ -211,7 +216,7 @@ def rows(spec: CounterfactualSpec) -> list[dict]:
                 "tool_call_id": m.get("tool_call_id")}
 
     out = []
-    for i, (chat, read) in enumerate(demonstrations(spec)):
+    for i, (chat, read) in enumerate(chats):
         cuts = (2, 4) if read else (2,)
         for step, cut in enumerate(cuts):
             out.append({"transition_id": f"{i:016x}{step:016x}", "trace_id": f"{i:032x}", "span_id": f"{step:016x}",

@@ -21,6 +21,15 @@ class Score:
     successes: int
     right_tool: int  # first tool call was the right tool
     outcomes: list[bool] = field(default_factory=list, repr=False)  # per episode, in task order
+    kinds: list[str] = field(default_factory=list, repr=False)  # each episode's question kind, in task order
+
+    def by_kind(self) -> dict[str, tuple[int, int]]:
+        """kind -> (successes, episodes)."""
+        out: dict[str, tuple[int, int]] = {}
+        for kind, ok in zip(self.kinds, self.outcomes):
+            k, n = out.get(kind, (0, 0))
+            out[kind] = (k + ok, n + 1)
+        return out
 
     @property
     def rate(self) -> float:
@@ -62,7 +71,7 @@ def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, s
         engine.load_adapter(name, str(adapter_dir), load_inplace=True)
     rng = random.Random(seed)
     ok = right = 0
-    outcomes = []
+    outcomes, kinds = [], []
     for i in range(episodes):
         task = world.make_task(rng, colour_share)
         # each episode's calls seeded from its index: a policy that takes one call more
@@ -71,8 +80,9 @@ def score(model_dir: str, adapter_dir: str | None = None, episodes: int = 200, s
                                                  system))
         ok += ep.success
         outcomes.append(ep.success)
+        kinds.append(task.kind)
         right += bool(ep.tools_used) and ep.tools_used[0] == task.right_tool
-    return Score(episodes, ok, right, outcomes)
+    return Score(episodes, ok, right, outcomes, kinds)
 
 
 def right_tool_probability(model_dir: str, systems: dict[str, str | None], tasks: int = 200,
@@ -91,21 +101,22 @@ def right_tool_probability(model_dir: str, systems: dict[str, str | None], tasks
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     rng = random.Random(seed)
     qs = [world.make_task(rng) for _ in range(tasks)]
+    names = [t["function"]["name"] for t in world.TOOLS]  # the variant's third tool too
     out = {}
     for label, system in systems.items():
-        by_kind: dict[str, list[float]] = {"arithmetic": [], "colour": []}
+        by_kind: dict[str, list[float]] = {"arithmetic": [], "colour": [], "letters": []}
         for task in qs:
             prefix = tok.apply_chat_template([{"role": "system", "content": system or world.SYSTEM},
                                               {"role": "user", "content": task.question}], tools=world.TOOLS,
                                              tokenize=False, add_generation_prompt=True)
             start = len(tok(prefix)["input_ids"])
             logp = {}
-            for name in ("calculator", "lookup"):
+            for name in names:
                 ids = tok(prefix + '<tool_call>{"name": "' + name + '"')["input_ids"]
                 with torch.no_grad():
                     lp = model(torch.tensor([ids])).logits[0].log_softmax(-1)
                 logp[name] = sum(lp[i - 1, ids[i]].item() for i in range(start, len(ids)))
-            z = math.exp(logp["calculator"]) + math.exp(logp["lookup"])
+            z = sum(math.exp(v) for v in logp.values())
             by_kind[task.kind].append(math.exp(logp[task.right_tool]) / z)
         out[label] = {k: sum(v) / len(v) for k, v in by_kind.items() if v}
         out[label]["all"] = sum(sum(v) for v in by_kind.values()) / tasks

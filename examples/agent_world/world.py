@@ -13,6 +13,7 @@ benchmark all use it.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -45,23 +46,61 @@ TOOL_ERRORS = {"calculator": "error: cannot calculate a colour", "lookup": "erro
 #: What the agent answers after a tool error (it does not retry): a wrong answer.
 GAVE_UP = "The answer is unknown."
 
+# --- the "letters" variant (issue 27: APO + sft beats either alone) ----------------------
+#: The agent gained a tool the model has never used: a third kind of question (how
+#: many letters a word has) needs `counter`, and the prompt-sensitive policy built
+#: for this variant (complement.py) almost never calls it unless its system prompt
+#: says when to, so its logs hold nearly no rewarded row of that kind for sft to
+#: imitate. The other tools' error on it names what is needed, as real tools' errors
+#: often do: a prompt can carry that. Off by default (the demo, the tests and their
+#: cached policy use the two-tool world); `use("letters")`, or the environment
+#: variable below for the agent's own process, turns it on.
+VARIANT_ENV = "NIGHTSHIFT_WORLD_VARIANT"
+VARIANTS = ("", "letters")
+COUNTER = {"type": "function", "function": {
+    "name": "counter", "description": "Count the letters of the word in the question.",
+    "parameters": {"type": "object", "properties": {}}}}
+LETTERS_SHARE = 0.4  # of all questions, in the variant; colour_share splits the rest
+LETTER_ERROR = "error: cannot count letters, use counter"
+COUNTER_ERROR = "error: no word to count"
+WORDS = tuple(w for w in (*ITEMS, *COLOURS) if len(w) < len(NUMBERS))
+BASE_TOOLS = TOOLS
+VARIANT = ""
+
+
+def use(variant: str) -> None:
+    """Switch the world to `variant` ("" or "letters"), in this process and in the
+    agents it starts (they inherit the environment)."""
+    global VARIANT, TOOLS
+    if variant not in VARIANTS:
+        raise ValueError(f"the agent world has no variant {variant!r}; known: {', '.join(v or '(default)' for v in VARIANTS)}")
+    VARIANT = variant
+    TOOLS = [*BASE_TOOLS, COUNTER] if variant == "letters" else BASE_TOOLS
+    if variant:
+        os.environ[VARIANT_ENV] = variant
+    else:
+        os.environ.pop(VARIANT_ENV, None)
+
 
 @dataclass
 class Task:
     question: str
-    kind: str  # arithmetic | colour
+    kind: str  # arithmetic | colour | letters (the variant's)
     truth: str
     colours: dict[str, str] = field(default_factory=dict)  # today's colours, what the lookup tool knows
 
     @property
     def right_tool(self) -> str:
-        return "calculator" if self.kind == "arithmetic" else "lookup"
+        return {"arithmetic": "calculator", "colour": "lookup", "letters": "counter"}[self.kind]
 
 
 def make_task(rng: random.Random, colour_share: float = 0.5) -> Task:
     """A fresh task: a colour question with probability `colour_share`, else
     arithmetic (the learning benchmark moves it between nights: traffic drifts)."""
     colours = {item: rng.choice(COLOURS) for item in ITEMS}
+    if VARIANT == "letters" and rng.random() < LETTERS_SHARE:
+        word = rng.choice(WORDS)
+        return Task(f"How many letters are in the word {word}?", "letters", NUMBERS[len(word)], colours)
     if rng.random() < 1.0 - colour_share:
         while True:  # answers from zero to nine
             a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice("+-*")
@@ -88,6 +127,9 @@ def tool_value(name: str, task: Task) -> str | None:
     if name == "lookup":
         m = re.search(r"is the (\w+) today", q)
         return task.colours[m.group(1)] if m and m.group(1) in task.colours else None
+    if name == "counter" and VARIANT == "letters":
+        m = re.search(r"letters are in the word (\w+)", q)
+        return NUMBERS[len(m.group(1))] if m and len(m.group(1)) < len(NUMBERS) else None
     return None
 
 
@@ -96,6 +138,11 @@ def run_tool(name: str, task: Task) -> str:
     value = tool_value(name, task)
     if value is not None:
         return f"result: {value}"
+    if VARIANT == "letters":
+        if task.kind == "letters" and name in TOOL_ERRORS:
+            return LETTER_ERROR
+        if name == "counter":
+            return COUNTER_ERROR
     return TOOL_ERRORS.get(name, f"error: no such tool {name!r}")
 
 
@@ -150,14 +197,26 @@ def run_episode(task: Task, chat: Chat) -> Episode:
 # --- demonstrations for the behaviour policy ----------------------------------------------
 
 
-def demonstration(task: Task, rng: random.Random, p_right_tool: float = 0.5, system: str = SYSTEM) -> list[dict]:
+def demonstration(task: Task, rng: random.Random, p_right_tool: float = 0.5, system: str = SYSTEM,
+                  p_misread: float = 0.0) -> list[dict]:
     """One episode as a chat, acted out: the right tool with probability
-    `p_right_tool` (else the other one), then the answer read off the tool's
-    result, or given up on after its error (so a wrong tool gives a wrong answer)."""
+    `p_right_tool` (else another one), then the answer read off the tool's
+    result, or given up on after its error (so a wrong tool gives a wrong answer).
+    With `p_misread` (the letters variant's policy) the answer is another value of
+    the same type instead of the result's, whatever the prompt says: a habit only
+    rewarded examples unteach."""
     right = rng.random() < p_right_tool
-    name = task.right_tool if right else ("lookup" if task.right_tool == "calculator" else "calculator")
+    if right:
+        name = task.right_tool
+    elif task.kind == "letters":  # the model knows its two old tools: one of them
+        name = "lookup" if rng.random() < 0.6 else "calculator"
+    else:
+        name = "lookup" if task.right_tool == "calculator" else "calculator"
     call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
     value = tool_value(name, task)
+    if value is not None and p_misread and rng.random() < p_misread:
+        pool = NUMBERS if value in NUMBERS else COLOURS
+        value = rng.choice([v for v in pool if v != value])
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": task.question},
@@ -170,3 +229,6 @@ def demonstration(task: Task, rng: random.Random, p_right_tool: float = 0.5, sys
 def demonstrations(n: int, seed: int = 0, p_right_tool: float = 0.5) -> list[list[dict]]:
     rng = random.Random(seed)
     return [demonstration(make_task(rng), rng, p_right_tool) for _ in range(n)]
+
+
+use(os.environ.get(VARIANT_ENV, ""))

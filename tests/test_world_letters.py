@@ -1,0 +1,106 @@
+"""The agent world's "letters" variant (examples/agent_world/world.py, complement.py;
+issue 27: APO + sft beats either alone): a part only a prompt can fix (a third
+tool the policy almost never calls unless its prompt says when; the other tools'
+error on those questions names it) and a part only logged data fixes (results
+misread whatever the prompt says; no error says so). Off by default: the demo, the
+closed loop and their cached policy see the two-tool world unchanged."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import proposer_standin
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples" / "agent_world"))
+
+import complement  # noqa: E402
+import counterfactual  # noqa: E402
+import world  # noqa: E402
+
+
+@pytest.fixture
+def letters():
+    world.use("letters")
+    try:
+        yield
+    finally:
+        world.use("")
+
+
+def test_the_default_world_has_two_tools_and_is_back_after_the_variant():
+    before = world.demonstrations(200, seed=5)
+    world.use("letters")
+    try:
+        assert os.environ[world.VARIANT_ENV] == "letters"  # the agents it starts inherit it
+    finally:
+        world.use("")
+    assert world.VARIANT_ENV not in os.environ
+    assert [t["function"]["name"] for t in world.TOOLS] == ["calculator", "lookup"]
+    assert world.demonstrations(200, seed=5) == before
+    rng = random.Random(1)
+    assert {world.make_task(rng).kind for _ in range(400)} == {"arithmetic", "colour"}
+    task = world.make_task(random.Random(2))
+    assert world.run_tool("counter", task) == "error: no such tool 'counter'"
+
+
+def test_an_unknown_variant_is_refused_by_name():
+    with pytest.raises(ValueError, match="no variant 'letter'"):
+        world.use("letter")
+    assert world.VARIANT == ""
+
+
+def test_letters_questions_need_the_counter_and_the_other_tools_say_so(letters):
+    assert [t["function"]["name"] for t in world.TOOLS] == ["calculator", "lookup", "counter"]
+    rng = random.Random(3)
+    tasks = [world.make_task(rng) for _ in range(2000)]
+    share = sum(t.kind == "letters" for t in tasks) / len(tasks)
+    assert abs(share - world.LETTERS_SHARE) < 0.04, share
+    for t in tasks[:300]:
+        if t.kind == "letters":
+            word = t.question.split()[-1].rstrip("?")
+            assert world.run_tool("counter", t) == f"result: {world.NUMBERS[len(word)]}" and t.right_tool == "counter"
+            assert world.run_tool("lookup", t) == world.run_tool("calculator", t) == world.LETTER_ERROR
+            assert "counter" in world.LETTER_ERROR  # what a reader of the failure learns
+        else:
+            assert world.run_tool("counter", t) == world.COUNTER_ERROR
+            assert world.run_tool(t.right_tool, t).startswith("result: ")
+    # the variant's policy misreads a result `p_misread` of the time: the answer is then another value
+    rng = random.Random(4)
+    chats = [world.demonstration(world.make_task(rng), rng, 1.0, p_misread=0.25) for _ in range(1000)]
+    misread = [c for c in chats if c[4]["content"] != f"The answer is {c[3]['content'].removeprefix('result: ')}."]
+    assert 0.2 < len(misread) / len(chats) < 0.3
+    assert all(not world.check(world.Task(c[1]["content"], "", c[3]["content"].removeprefix("result: ")),
+                               c[4]["content"]) for c in misread)
+
+
+def test_the_standins_words_for_the_letters_failure_are_never_taught():
+    """What the stand-in proposer writes from the variant's tool errors is held out of
+    the policy's demonstrations: a lift under it is the failures' words generalised,
+    not a line the policy learned by heart."""
+    said = [proposer_standin._instruction(f"tool error: {tool}: {world.LETTER_ERROR}")
+            for tool in ("lookup", "calculator")]
+    taught = complement.taught()
+    assert not taught & set(said)
+    assert not any(c in line for c in complement.LETTERS for line in said)
+    # every letters content names letters and no other kind; no distractor names letters
+    assert all("letter" in c and "colour" not in c and "arithmetic" not in c for c in complement.LETTERS)
+    assert not any("letter" in c or "counter" in c for c in counterfactual.DISTRACTORS)
+
+
+def test_a_twin_differs_only_where_an_instruction_was(letters):
+    rng = random.Random(6)
+    kinds = set()
+    for _ in range(2000):
+        prompt, helps, twin = complement.draw_pair(rng, world.SYSTEM, 0.85)
+        lines, other = prompt.splitlines(), twin.splitlines()
+        assert len(lines) == len(other) and lines[0] == other[0] == world.SYSTEM
+        assert len([i for i, (a, b) in enumerate(zip(lines, other)) if a != b]) == len(helps)
+        assert all(line in complement.taught() for line in lines[1:])
+        kinds |= helps
+    assert kinds == {"colour", "arithmetic", "letters"}
