@@ -17,3 +17,13 @@ def meet(job: int, shared: tuple[str, int, float]) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def arrive(job: int, shared: tuple[str, float]) -> int:
+    """Writes the job's number to the round's log as it starts, then works (sleeps) a
+    while: the log is the order the workers took the jobs in."""
+    log, seconds = shared
+    with open(log, "a") as f:
+        f.write(f"{job}\n")
+    time.sleep(seconds)
+    return job

@@ -152,29 +152,48 @@ def test_a_span_file_it_cannot_read_is_one_sentence_on_ray_as_in_one_process(tmp
     assert said.startswith(f"{spoiled} is spans schema version 99") and "\n" not in said and "ray::" not in said
 
 
-def test_a_few_large_span_files_are_split_by_row_groups_on_ray_and_the_rows_are_the_same(tmp_path, cluster):
-    """Fewer span files than split tasks (the benchmark's window is three files, one
-    per date, for two workers): each file is cut into runs of its row groups, so the
-    workers share the split, and the buckets get their rows in the same order."""
+def test_span_files_are_split_in_runs_of_equal_bytes_on_ray_and_the_rows_are_the_same(tmp_path, cluster):
+    """The split tasks get contiguous runs of about the same bytes, cut between row
+    groups wherever a run ends (`_cut`, `distributed.balance`): runs of equal file
+    count gave one of the benchmark's two workers 427 MB and the other 374 (three
+    files of 80 MB and one of 27 per date). Whatever the cuts, the buckets get their
+    rows in the same order: the rows are those of a build in one process."""
     import fsspec
     import pyarrow.parquet as pq
 
+    from nightshift.transform import distributed
+
+    assert distributed.balance([80, 80, 80, 27] * 3, 4) == [(0, 3), (3, 6), (6, 9), (9, 12)]  # whole files: no better
+    w = [8] * 10 + [3] * 10 + [8] * 10 + [3] * 2
+    runs = distributed.balance(w, 4)
+    assert [a for a, _ in runs[1:]] == [b for _, b in runs[:-1]] and runs[0][0] == 0 and runs[-1][1] == len(w)
+    assert max(sum(w[a:b]) for a, b in runs) - sum(w) / 4 <= max(w)  # no run longer than its share and a unit
     data = tmp_path / "data"
-    traces = [agent_run(f"cut-{i}", i, calls=2, task=f"task {i % 4}", reward=float(i % 3 == 0)) for i in range(30)]
-    write_spans(str(data), traces)
-    (path,) = (data / "spans").rglob("*.parquet")
-    pq.write_table(pq.read_table(path), path, row_group_size=16)  # 120 spans: 8 row groups, metadata kept
-    groups = pq.ParquetFile(path).metadata.num_row_groups
-    assert groups == 8
+    traces = [agent_run(f"cut-{i}", i, calls=2, task=f"task {i % 4}", reward=float(i % 3 == 0)) for i in range(40)]
+    for name, part in (("a", traces[:10]), ("b", traces[10:20]), ("c", traces[20:30]), ("d", traces[30:33]),
+                       ("e", traces[33:])):
+        write_spans(str(data), part, batch=name)
+    paths = sorted((data / "spans").rglob("*.parquet"))
+    for path in paths:  # 12 spans a row group: metadata kept
+        pq.write_table(pq.read_table(path), path, row_group_size=12)
     fs = fsspec.filesystem("file")
-    cut = B._cut(fs, [B._Source(str(path), "d")], 4)
-    assert [c.groups for c in cut] == [(0, 2), (2, 4), (4, 6), (6, 8)]  # every row group once, in order
-    assert B._cut(fs, [B._Source(str(path), "d")] * 4, 4) == [B._Source(str(path), "d")] * 4  # enough files: whole
+    sources = [B._Source(str(p), "d") for p in paths]
+    rows = [[pq.ParquetFile(p).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(p).metadata.num_row_groups)]
+            for p in paths]
+    assert [sum(r) for r in rows] == [40, 40, 40, 12, 28]  # large files and small ones, as the benchmark's dates end
+    runs = B._cut(fs, sources, 4)
+    taken = [sum(sum(rows[paths.index(Path(s.path))][slice(*(s.groups or (None, None)))]) for s in run) for run in runs]
+    # by file count the runs were 80, 40, 12 and 28 spans; by bytes each is within a row group of 40
+    assert sum(taken) == 160 and max(taken) <= 40 + 12, taken
+    assert (runs[0][0].path, runs[0][0].groups) == (str(paths[0]), None)  # a file a run takes whole is read whole
+    one = pq.ParquetFile(paths[0]).metadata.num_row_groups
+    cut = B._cut(fs, [B._Source(str(paths[0]), "d")], 4)
+    assert [[s.groups for s in run] for run in cut] == [[(g, g + 1)] for g in range(one)]  # one file: its row groups
     on_ray = mirror(data, tmp_path / "ray")
     now = T0 + 3600 * S
     remote = B.build(cfg(on_ray, "ray"), now_ns=now)
     local = B.build(cfg(data, "local"), now_ns=now)
-    assert local.transitions == 60 and lines(local, data) == lines(remote, on_ray)
+    assert local.transitions == 80 and lines(local, data) == lines(remote, on_ray)
     same(data, on_ray)
 
 
@@ -193,3 +212,21 @@ def test_a_round_of_three_dates_on_two_workers_runs_at_once_sharing_the_cores(tm
         assert engine.cpus == 2
         met = engine.run(ray_together.meet, [0, 1, 2], (str(tmp_path), 3, 60.0), spread=True)
     assert met == [True, True, True]
+
+
+def test_the_heaviest_jobs_are_handed_out_first_and_results_come_back_in_the_jobs_order(tmp_path, cluster):
+    """`weights`: the two workers take the two heaviest jobs first, then the lighter
+    ones, so a round ends on light jobs (and a spread round's late worker gets the
+    lightest); the results are in the jobs' order all the same."""
+    import ray_together
+
+    from nightshift.transform import distributed
+    from nightshift.transform.config import BuildConfig
+
+    assert distributed.order([1, 3, 2, 4, 2]) == [3, 1, 2, 4, 0]  # ties in the jobs' order
+    log = tmp_path / "log"
+    with distributed.Engine(BuildConfig(engine="ray")) as engine:  # the module's cluster: 2 CPUs, a job each
+        got = engine.run(ray_together.arrive, [0, 1, 2, 3], (str(log), 0.3), weights=[1, 3, 2, 4])
+    assert got == [0, 1, 2, 3]
+    taken = [int(x) for x in log.read_text().split()]
+    assert set(taken[:2]) == {1, 3} and set(taken[2:]) == {0, 2}, taken  # in the jobs' order: 0 and 1 first

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import fsspec
 import polars as pl
@@ -249,10 +249,11 @@ def _uncompressed(fs, path: str) -> int:
         return 0
 
 
-def _uncompressed_md(md: pq.FileMetaData) -> int:
+def _uncompressed_md(md: pq.FileMetaData, group: int | None = None) -> int:
+    """Of the whole file, or of one row group."""
     wanted = set(SPAN_COLUMNS)
     total = 0
-    for g in range(md.num_row_groups):
+    for g in range(md.num_row_groups) if group is None else (group,):
         rg = md.row_group(g)
         for c in range(rg.num_columns):
             col = rg.column(c)
@@ -583,26 +584,38 @@ def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], 
     return {b: p for b, p in enumerate(spans) if p}, {b: p for b, p in enumerate(logs) if p}, bad
 
 
-def _cut(fs, sources: list[_Source], n: int) -> list[_Source]:
-    """Fewer span files than split tasks (a window of a few large files): each file
-    as runs of its row groups, in order, so that `n` tasks share the split (three
-    files for two Ray workers left one idle for a third of it). The rows reach each
-    bucket in the same order: runs are read back in order. A file whose footer cannot
-    be read stays whole, to be reported once."""
-    if len(sources) >= n:
-        return sources
-    out = []
-    for src in sources:
+def _cut(fs, sources: list[_Source], n: int) -> list[list[_Source]]:
+    """The span files as `n` contiguous runs of about the same bytes (the columns the
+    build reads, decompressed: what a split task's time follows), cut between row
+    groups where a run ends inside a file (`distributed.balance`): runs of equal file
+    count left one Ray worker idle for the last eighth of the benchmark's split, and
+    three files for four tasks one for a third of it. The rows reach each bucket in
+    the same order: runs are read back in order. A file whose footer cannot be read
+    stays whole, to be reported once."""
+    units: list[tuple[int, int | None, int]] = []  # (file, its row group or None: the whole file, bytes)
+    groups: dict[int, int] = {}
+    for i, src in enumerate(sources):
         try:
             with fs.open(src.path, "rb") as fh:
-                groups = pq.ParquetFile(fh).metadata.num_row_groups
+                md = pq.ParquetFile(fh).metadata
         except (pa.ArrowException, OSError):
-            out.append(src)
+            units.append((i, None, 0))
             continue
-        k = min(groups, math.ceil(n / len(sources)))
-        at = [groups * i // k for i in range(k + 1)] if k > 1 else []
-        out += [_Source(src.path, src.date, src.only, (a, b)) for a, b in zip(at, at[1:])] or [src]
-    return out
+        groups[i] = md.num_row_groups
+        lo, hi = src.groups or (0, md.num_row_groups)
+        units += [(i, g, _uncompressed_md(md, g)) for g in range(lo, hi)] or [(i, None, 0)]
+    runs = []
+    for a, b in distributed.balance([w for _, _, w in units], n):
+        taken: dict[int, list[int | None]] = {}  # file -> its row groups in this run, in order
+        for i, g, _ in units[a:b]:
+            taken.setdefault(i, []).append(g)
+        run = []
+        for i, gs in taken.items():
+            src = sources[i]
+            whole = gs == [None] or (src.groups is None and (gs[0], gs[-1] + 1) == (0, groups[i]))
+            run.append(src if whole else _Source(src.path, src.date, src.only, (gs[0], gs[-1] + 1)))
+        runs.append(run)
+    return runs
 
 
 def _runs(sources: list[_Source], n: int) -> list[list[_Source]]:
@@ -638,11 +651,16 @@ def stage_day(job: _DayJob, shared: object = None) -> int:
 
 
 def _engine_run(engine: distributed.Engine, work, jobs: list, cfg: TransformConfig, shared: object = None,
-                tick=lambda: None, spread: bool = False) -> list:
+                tick=lambda: None, spread: bool = False, weights: list[int] | None = None) -> list:
     try:
-        return engine.run(work, jobs, shared, tick, spread)
+        return engine.run(work, jobs, shared, tick, spread, weights)
     except distributed.EngineError as e:
         raise BuildError(str(e)) from None
+
+
+def _bytes(paths: Iterable[str]) -> int:
+    """What a job reads from the scratch folder: on Ray the heaviest job goes first."""
+    return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
 
 
 def _phase(summary: Summary, name: str, since: float) -> float:
@@ -1200,7 +1218,7 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             bar.set_description("split")
             # files in contiguous runs, one task each: the pieces, read in run order, keep the files' order
             n = 2 * engine.cpus if engine.remote else 1
-            runs, log_runs = _runs(_cut(fs, reads, n) if engine.remote else reads, n), _runs(logs, n)
+            runs, log_runs = _cut(fs, reads, n) if engine.remote else _runs(reads, n), _runs(logs, n)
             pieces: dict[int, list[str]] = defaultdict(list)
             log_pieces: dict[int, list[str]] = defaultdict(list)
             for got, got_logs, bad in _engine_run(engine, split_files, [
@@ -1219,7 +1237,8 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             log.warning("%d bucket(s) of traces for %d Ray CPUs: set build.buckets (e.g. %d) to use them all",
                         len(jobs), engine.cpus, 2 * engine.cpus)
         bar.set_description("build")
-        done = _engine_run(engine, run_bucket, jobs, cfg, shared, lambda: bar.update(1))
+        done = _engine_run(engine, run_bucket, jobs, cfg, shared, lambda: bar.update(1),
+                           weights=[_bytes(j.split + j.log_split) for j in jobs] if engine.remote else None)
         clock = _phase(summary, "buckets", clock)
         bar.close()
         ctx = _Ctx.of(shared, summary=summary, seen=incremental.Seen() if plan is not None else None)
@@ -1256,7 +1275,8 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
         days = sorted(window_days | set(held))
         if engine.remote and output.is_local(fs):  # each date staged by a worker, committed here, one by one
             staged = _engine_run(engine, stage_day, [_DayJob(day, held.get(day, []), adv, os.path.join(tmp, f"stage-{day}"))
-                                                     for day in days], cfg, spread=True)  # a file per date
+                                                     for day in days], cfg, spread=True,  # a file per date
+                                  weights=[_bytes(p for _, p in held.get(day, [])) for day in days])
         for i, day in enumerate(days):
             if engine.remote and output.is_local(fs):
                 n = staged[i]
