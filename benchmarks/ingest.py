@@ -357,8 +357,9 @@ class RssStats:
 
 
 class Collector:
-    def __init__(self, root: Path, flush_interval: float, env: dict[str, str] | None = None):
+    def __init__(self, root: Path, flush_interval: float, env: dict[str, str] | None = None, grpc: bool = True):
         self.root = root
+        self.grpc = grpc  # False: HTTP alone, as a sidecar for HTTP exporters runs (gRPC is 16-17 MiB of a receiver)
         self.env = env or {}
         self.data = root / "data"
         self.wal = root / "wal"
@@ -375,7 +376,7 @@ class Collector:
         cmd = [
             sys.executable, "-m", "nightshift.cli", "collect",
             "--data", str(self.data), "--wal", str(self.wal),
-            "--grpc", f"127.0.0.1:{self.grpc_port}", "--http", f"127.0.0.1:{self.http_port}",
+            "--grpc", f"127.0.0.1:{self.grpc_port}" if self.grpc else "off", "--http", f"127.0.0.1:{self.http_port}",
         ]
         env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": str(self.flush_interval), **self.env}
         self._log = open(self.log_path, "ab")
@@ -668,6 +669,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--span-kb", default="1,5",
                     help="span sizes in KB, one collector run each (default 1,5; 0: the 1-10 KB mix)")
     ap.add_argument("--transport", choices=("http", "grpc"), default="http")
+    ap.add_argument("--no-grpc", action="store_true",
+                    help="the collector listens on HTTP alone (--grpc off), as a sidecar for HTTP exporters may: "
+                         "gRPC is 16-17 MiB of the receiver's RSS; with --transport http only")
     ap.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds before the full-load phase, not counted")
     ap.add_argument("--raw-seconds", type=float, default=4.0, help="duration of each raw-loop variant (default 4)")
     ap.add_argument("--flush-interval", type=float, default=0.5,
@@ -694,6 +698,8 @@ def parse_args() -> argparse.Namespace:
         args.sizes = [float(x) for x in args.span_kb.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--span-kb takes sizes in KB separated by commas (1,5), not {args.span_kb!r}")
+    if args.no_grpc and args.transport != "http":
+        ap.error("--no-grpc needs --transport http (the load's own transport stays on)")
     if args.sustained_rate < 0 or args.sustained_seconds <= 0:
         ap.error("--sustained-rate takes spans/s (0 skips the phase) and --sustained-seconds a positive duration")
     if args.overload_cap < 0 or (args.overload_seconds is not None and args.overload_seconds <= 0):
@@ -736,11 +742,11 @@ def measure_collector(tmp: Path, templates: list[Template], args: argparse.Names
     """warm-up -> full load (closed loop) -> wait until Parquet has everything ->
     half of the measured peak (open loop) -> wait -> SIGTERM."""
     # senders forked now: before any thread (sampler, grpc, polars) exists
-    coll = procs.coll = Collector(tmp, args.flush_interval)
+    coll = procs.coll = Collector(tmp, args.flush_interval, grpc=not args.no_grpc)
     port = coll.http_port if args.transport == "http" else coll.grpc_port
     senders = procs.senders = SenderPool(args.senders, args.transport, port, templates)
 
-    log("starting the collector")
+    log("starting the collector" + ("" if coll.grpc else " (HTTP alone: --grpc off)"))
     coll.start()
     sampler = procs.sampler = Sampler(coll)
     sampler.start()
@@ -823,6 +829,12 @@ class Sustained:
         return self.durable / self.phase.rate if self.phase.rate else float("nan")
 
     @property
+    def written(self) -> float:
+        """Spans the flusher wrote while the phase ran."""
+        last = self._last()
+        return last[3] - self.flushed_before if last is not None else 0.0
+
+    @property
     def backlog_spans(self) -> float:
         """Acknowledged in the phase and not yet in Parquet at its end (the last
         sample, up to 250 ms before the last acknowledgement: an overcount of at
@@ -870,7 +882,7 @@ def report_sustained_rate(rep: harness.Report, args: argparse.Namespace, load: L
     rss_mb = rss.max_sum * MB / 1e6
     rep.say()
     rep.say(f"sustained at {fmt(args.sustained_rate)} spans/s ({args.senders} {args.transport} senders, open loop, "
-            f"{args.sustained_seconds:.0f} s; issue 28's targets):")
+            f"{args.sustained_seconds:.0f} s; issue 28's targets{'; the collector on HTTP alone, --grpc off' if args.no_grpc else ''}):")
     rep.extend(phase_lines(ph))
     rep.say(f"  offered {fmt(sus.offered)} spans/s of the {fmt(args.sustained_rate)} asked (sends late by more than "
             f"an interval: {ph.late:,})" + ("" if sus.offered >= 0.95 * args.sustained_rate else
@@ -884,9 +896,15 @@ def report_sustained_rate(rep: harness.Report, args: argparse.Namespace, load: L
     rep.say(f"  RSS during it: receiver max {rss.max_r:.0f} MiB, flusher max {rss.max_f:.0f} MiB, sum max "
             f"{rss.max_sum:.0f} MiB = {rss_mb:.0f} MB (anon {rss.max_anon_sum * MB / 1e6:.0f} MB)   "
             f"{T_RSS_MB.check(rss_mb)}{rss_note(ph.rate)}")
-    if ph.elapsed:
-        rep.say(f"  CPU per 100k spans acknowledged: receiver {1e5 * ph.cpu_r / max(1, ph.acked_spans):.2f}, flusher "
-                f"{1e5 * ph.cpu_f / max(1, ph.acked_spans):.2f}, senders {1e5 * ph.sender_cpu / max(1, ph.acked_spans):.2f} s")
+    written = sus.written
+    if ph.acked_spans and written:
+        per_f = ph.cpu_f / written  # CPU-s per span the flusher wrote in the phase
+        need = per_f * ph.rate
+        left = (os.cpu_count() or 1) - (ph.cpu_r + ph.sender_cpu) / ph.elapsed
+        rep.say(f"  CPU-s per 100k spans: receiver {1e5 * ph.cpu_r / ph.acked_spans:.2f} (acknowledged), flusher "
+                f"{1e5 * per_f:.2f} (written), senders {1e5 * ph.sender_cpu / ph.acked_spans:.2f}; keeping up needs "
+                f"{need:.2f} flusher cores, {left:.2f} were left beside the receiver and the senders, it got "
+                f"{ph.cpu_f / ph.elapsed:.2f}")
 
 
 def count_stored(coll: Collector) -> Stored:
@@ -988,7 +1006,8 @@ def measure_overload(tmp: Path, templates: list[Template], args: argparse.Namesp
     of what Parquet holds against what was acknowledged."""
     cap = int(args.overload_cap * MB)
     tmp.mkdir(parents=True, exist_ok=True)
-    coll = procs.coll = Collector(tmp, args.flush_interval, {"NIGHTSHIFT_COLLECTOR_WAL_CAP_BYTES": str(cap)})
+    coll = procs.coll = Collector(tmp, args.flush_interval, {"NIGHTSHIFT_COLLECTOR_WAL_CAP_BYTES": str(cap)},
+                                  grpc=not args.no_grpc)
     port = coll.http_port if args.transport == "http" else coll.grpc_port
     # spawned, not forked: this process has threads by now (polars' pool)
     senders = procs.senders = SenderPool(args.senders, args.transport, port, templates, start_method="spawn",
