@@ -889,6 +889,10 @@ def report_sustained_rate(rep: harness.Report, args: argparse.Namespace, load: L
                                           "; the senders, on this machine's cores, could not offer the rate asked"))
     rep.say(f"  acknowledged {fmt(ph.rate)} spans/s; to Parquet while it ran {fmt(sus.durable)} spans/s; "
             f"ratio {sus.ratio:.2f}   {T_SUSTAINED.check(sus.ratio)}")
+    if ph.refused:
+        rep.say(f"  told to retry (503 + Retry-After): {ph.refused:,} requests; the backlog reached the WAL's cap, so "
+                "part of the offered load was pushed back and the ratio is over what the sidecar accepted, not over "
+                "what was offered")
     rep.say(f"  backlog at the end: {fmt(sus.backlog_spans)} spans acknowledged and not yet in Parquet "
             f"({sus.backlog_mib:.0f} MiB of WAL, Parquet {sus.lag_s:.1f} s behind); "
             + (f"caught up {sus.drain.at - ph.end:.1f} s after the phase" if sus.drain.done
