@@ -69,6 +69,7 @@ CASES = [
     ("c", "[+1,2]", "[3]"), ("c", "[+1,2,3,4]", "[5]"),  # a plus: the bytes still say where each id ends
     ("d", "[007,1]", "[2]"), ("d", "[007,1,2,3]", "[4]"),  # leading zeros: the same
     ("k", "[]1]", None), ("k", "[]1,2]", None),  # a bracket inside: more ends than ids, each read alone
+    ("n", "[1,2]", "[]"), ("n", "[1,2,3]", "[4,5,6]"), ("n", "[1,2,3,4,5]", "[6]"),  # a completion two ids long, not three
     ("e", "[]", "[]"), ("e", "[5,6]", "[]"), ("e", "[5,6,7]", "[8]"),  # empty lists
     ("f", None, "[1,2]"), ("f", "[3]", None), ("f", None, None),  # missing sides
     ("g", "[1,2]", "[3]"), ("g", "[1,2,4,5]", "[6]"),  # a completion the next prompt does not go on with

@@ -381,11 +381,16 @@ def _from_longest(cols: pl.DataFrame, trace: pl.Series) -> pl.DataFrame:
                        pl.Series("_whole", whole))  # an anchor with a bracket inside covers no row
     f = f.join(k, on="t", how="left", maintain_order="left").drop("t")
     f = f.with_columns(text.gather(f["k"]).alias("_a"))
-    head = p.str.head(-1) + ","  # "[1,2,3]" -> "[1,2,3,": the anchor must go on with another id
-    a = pl.col("_a")
-    f = f.with_columns((pl.col("_whole") & (a.str.starts_with(head) | (a == p))).fill_null(False).alias("_cp"))
-    f = f.with_columns((pl.col("_cp") & a.str.starts_with(head + c.str.slice(1).str.head(-1) + ","))
-                       .fill_null(False).alias("_cc"))
+    # "[1,2,3]" covered: the anchor is "[1,2,3," and more (it goes on with another id), or
+    # the same text; its completion "[4,5]": "4,5," follows. Compared in place, not by
+    # concatenating each row's texts into a needle (a copy of every prompt). Places are
+    # bytes and `slice` counts characters: the same wherever a text can match the anchor,
+    # which the parse found ASCII (a row's text that is not is never covered)
+    a, lp, lc = pl.col("_a"), p.str.len_bytes(), c.str.len_bytes()
+    f = f.with_columns((pl.col("_whole") & ((a == p) | ((a.str.slice(lp - 1, 1) == ",")
+                                                         & a.str.starts_with(p.str.head(-1))))).fill_null(False).alias("_cp"))
+    f = f.with_columns((pl.col("_cp") & (a.str.slice(lp + lc - 2, 1) == ",")
+                        & (a.str.slice(lp, lc - 2) == c.str.slice(1, lc - 2))).fill_null(False).alias("_cc"))
     # ids in a covered prefix: where its closing bracket falls among the anchor's commas
     n_p = n_c = np.zeros(f.height, np.int64)
     if longest.height:
