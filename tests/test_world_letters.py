@@ -104,3 +104,56 @@ def test_a_twin_differs_only_where_an_instruction_was(letters):
         assert all(line in complement.taught() for line in lines[1:])
         kinds |= helps
     assert kinds == {"colour", "arithmetic", "letters"}
+
+
+@pytest.fixture(scope="module")
+def letters_policy() -> Path:
+    """complement.LETTERS_POLICY, what benchmarks/learning.py --world letters serves:
+    built on counterfactual.PROMPT_SENSITIVE (test_world_prompts' policy, same cache)
+    unless cached; its own stage is about 950 steps (150 CPU-s on this machine)."""
+    spec = complement.LETTERS_POLICY
+    root = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
+    try:
+        return complement.build(root / f"letters-{spec.key()}", spec, progress=False)
+    finally:
+        world.use("")
+
+
+def _said(*problems: str) -> str:
+    """The agent's prompt as the stand-in proposer edits it for these problems."""
+    return "\n".join([world.SYSTEM, *map(proposer_standin._instruction, problems)])
+
+
+def test_only_a_prompt_that_says_so_sends_letters_questions_to_the_counter(letters_policy, letters):
+    """Teacher-forced, the first tool's probability (evaluate.right_tool_probability):
+    under the agent's own prompt the policy almost never calls the counter, so its
+    logs hold nearly no rewarded letters row for sft; under the stand-in's
+    proposal, which quotes the other tools' error, it does. Measured on the build
+    keyed 3e629e78ef85, 120 questions: own 0.013, proposal 0.908, the placebo 0.454 (a longer
+    prompt lifts it too, half as much: apo-placebo's arm measures that), a colour
+    line 0.42 on letters and 0.90 on colour (0.52 without)."""
+    import evaluate
+
+    prompts = {"own": None,
+               "said": _said(*(f"tool error: {t}: {world.LETTER_ERROR}" for t in ("lookup", "calculator"))),
+               "placebo": _said("feedback: the answers were slow and too long"),
+               "colour": _said("tool error: calculator: error: cannot calculate a colour")}
+    p = evaluate.right_tool_probability(str(letters_policy), prompts, tasks=40)
+    assert p["own"]["letters"] < 0.05, p
+    assert p["said"]["letters"] > 0.8, p
+    assert p["said"]["letters"] - p["placebo"]["letters"] > 0.3, p  # what the line says, more than that it is there
+    assert p["colour"]["colour"] - p["own"]["colour"] > 0.2, p  # the old kinds still read their instructions
+    assert abs(p["own"]["colour"] - 0.5) < 0.15 and abs(p["own"]["arithmetic"] - 0.5) < 0.15, p  # and a coin flip without
+
+
+def test_no_prompt_moves_the_misreading(letters_policy, letters):
+    """The part only logged data can fix: after the right tool's result the policy
+    answers that value about 75 % of the time (p_misread 0.25), with the proposal
+    as with the agent's own prompt; the failures carry no error for a proposer to
+    read, and rewarded rows are all read right."""
+    import evaluate
+
+    r = evaluate.read_probability(str(letters_policy), {"own": None, "said": _said(
+        f"tool error: lookup: {world.LETTER_ERROR}", "tool error: calculator: error: cannot calculate a colour")},
+        tasks=40)
+    assert 0.6 < r["own"] < 0.88 and abs(r["said"] - r["own"]) < 0.05, r

@@ -121,3 +121,40 @@ def right_tool_probability(model_dir: str, systems: dict[str, str | None], tasks
         out[label] = {k: sum(v) / len(v) for k, v in by_kind.items() if v}
         out[label]["all"] = sum(sum(v) for v in by_kind.values()) / tasks
     return out
+
+
+def read_probability(model_dir: str, systems: dict[str, str | None], tasks: int = 200,
+                     seed: int = 4242) -> dict[str, float]:
+    """Per prompt (None: the agent's own), the probability that the policy answers the
+    value the right tool returned, teacher-forced after that tool's result (the
+    read-back step alone, on the same `tasks` fresh questions). The letters variant's
+    policy misreads whatever the prompt says: this shows whether a prompt moves it."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nightshift.trainer.render import chat_message
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    rng = random.Random(seed)
+    qs = [world.make_task(rng) for _ in range(tasks)]
+    out = {}
+    for label, system in systems.items():
+        total = 0.0
+        for task in qs:
+            value = world.tool_value(task.right_tool, task)
+            msgs = [{"role": "system", "content": system or world.SYSTEM}, {"role": "user", "content": task.question},
+                    chat_message({"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "name": task.right_tool, "arguments": "{}"}]}),
+                    {"role": "tool", "tool_call_id": "call_1", "content": world.run_tool(task.right_tool, task)}]
+            prefix = tok.apply_chat_template(msgs, tools=world.TOOLS, tokenize=False,
+                                             add_generation_prompt=True) + "The answer is"
+            start = len(tok(prefix)["input_ids"])
+            ids = tok(prefix + f" {value}.")["input_ids"]  # the value and its full stop (~1 after the value)
+            with torch.no_grad():
+                lp = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+            total += math.exp(sum(lp[i - 1, ids[i]].item() for i in range(start, len(ids))))
+        out[label] = total / tasks
+    return out
