@@ -455,9 +455,9 @@ def sender_main(idx: int, transport: str, port: int, templates: list[Template], 
             while True:
                 if interval:
                     t_sched = start_at + offset + i * interval
-                    if t_sched >= end_at:
-                        break
                     now = time.perf_counter()
+                    if t_sched >= end_at or now >= end_at:  # a phase behind its schedule ends on time too
+                        break
                     if t_sched > now:
                         time.sleep(t_sched - now)
                     elif now - t_sched > interval:
