@@ -903,11 +903,11 @@ def report_sustained_rate(rep: harness.Report, args: argparse.Namespace, load: L
     written = sus.written
     if ph.acked_spans and written:
         per_f = ph.cpu_f / written  # CPU-s per span the flusher wrote in the phase
-        need = per_f * ph.rate
         left = (os.cpu_count() or 1) - (ph.cpu_r + ph.sender_cpu) / ph.elapsed
         rep.say(f"  CPU-s per 100k spans: receiver {1e5 * ph.cpu_r / ph.acked_spans:.2f} (acknowledged), flusher "
                 f"{1e5 * per_f:.2f} (written), senders {1e5 * ph.sender_cpu / ph.acked_spans:.2f}; keeping up needs "
-                f"{need:.2f} flusher cores, {left:.2f} were left beside the receiver and the senders, it got "
+                f"{per_f * ph.rate:.2f} flusher cores at the acknowledged rate ({per_f * ph.target_rate:.2f} at "
+                f"{fmt(ph.target_rate)}/s), {left:.2f} were left beside the receiver and the senders, it got "
                 f"{ph.cpu_f / ph.elapsed:.2f}")
 
 
