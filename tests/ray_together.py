@@ -27,3 +27,10 @@ def arrive(job: int, shared: tuple[str, float]) -> int:
         f.write(f"{job}\n")
     time.sleep(seconds)
     return job
+
+
+def has(job: int, module: str) -> bool:
+    """Whether the process running the job had imported `module` before it."""
+    import sys
+
+    return module in sys.modules

@@ -230,3 +230,21 @@ def test_the_heaviest_jobs_are_handed_out_first_and_results_come_back_in_the_job
     assert got == [0, 1, 2, 3]
     taken = [int(x) for x in log.read_text().split()]
     assert set(taken[:2]) == {1, 3} and set(taken[2:]) == {0, 2}, taken  # in the jobs' order: 0 and 1 first
+
+
+def test_a_spread_rounds_processes_are_started_and_warm_before_it(tmp_path, cluster):
+    """`prestart`: three dates on two CPUs take three processes, and Ray started the
+    third only with the round, a second late, its imports taken from the other two.
+    Started while the driver pools the advantages, each has imported the round's
+    module (`netrc` here: nothing in a worker imports it, `colorsys` Ray does) when its task comes."""
+    import ray_together
+
+    from nightshift.transform import distributed
+    from nightshift.transform.config import BuildConfig
+
+    with distributed.Engine(BuildConfig(engine="ray")) as engine:  # the module's cluster: 2 CPUs
+        engine.prestart("netrc", 3)
+        warm = engine.run(ray_together.has, [0, 1, 2], "netrc", spread=True)
+        engine.prestart("netrc", 2)  # two jobs on two CPUs: the warm workers, nothing to start
+        assert engine._warming is None
+    assert warm == [True, True, True]

@@ -1252,6 +1252,14 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             for part, day, path in d.frames:
                 held[day].append((part, path))
             slim += [d.slim] if d.slim else []
+        window_days = dates if dates is not None else {
+            d for d in inputs.spans if (not since or dt.date.fromisoformat(d) >= since)
+            and (not until or dt.date.fromisoformat(d) <= until)}
+        if plan is not None and dates is None:  # transitions are made from spans: a date without any has none
+            window_days = window_days | set(inputs.partitions)
+        days = sorted(window_days | set(held))
+        if engine.remote and output.is_local(fs):  # the dates' worker processes start while the driver pools
+            engine.prestart(stage_day.__module__, len(days))
         kept: dict[int, tuple[str, str]] = {}  # the partitions an incremental build keeps join the pool
         for i, day in enumerate(sorted(set(inputs.partitions) - dates) if dates is not None else ()):
             part = _part(buckets + i, 0)
@@ -1267,12 +1275,6 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
         adv = spill.advantages(slim, os.path.join(tmp, "advantages"), cfg.advantage.baseline,
                                cfg.advantage.normalize)
         clock = _phase(summary, "advantages", clock)
-        window_days = dates if dates is not None else {
-            d for d in inputs.spans if (not since or dt.date.fromisoformat(d) >= since)
-            and (not until or dt.date.fromisoformat(d) <= until)}
-        if plan is not None and dates is None:  # transitions are made from spans: a date without any has none
-            window_days = window_days | set(inputs.partitions)
-        days = sorted(window_days | set(held))
         if engine.remote and output.is_local(fs):  # each date staged by a worker, committed here, one by one
             staged = _engine_run(engine, stage_day, [_DayJob(day, held.get(day, []), adv, os.path.join(tmp, f"stage-{day}"))
                                                      for day in days], cfg, spread=True,  # a file per date

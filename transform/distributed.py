@@ -60,6 +60,7 @@ class Engine:
         #: in CPU-seconds, which other processes on a shared machine do not inflate as they do wall time
         self.usage: dict[str, list[float]] = {}
         self._stop: Callable[[], None] | None = None  # set when this engine started (or joined) the cluster
+        self._warming: tuple[str, list] | None = None  # Engine.prestart's folder and tasks
 
     def __enter__(self) -> "Engine":
         if self.remote:
@@ -70,6 +71,8 @@ class Engine:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.remote and self._warming is not None:
+            self._warmed()
         if self._stop is not None:
             self._stop()
             self._stop = None
@@ -94,8 +97,64 @@ class Engine:
                 out.append(work(job, shared))
                 tick()
             return out
-        return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0,
-                       order(weights) if weights is not None else None)
+        try:
+            return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0,
+                           order(weights) if weights is not None else None)
+        finally:
+            self._warmed()
+
+
+    def prestart(self, module: str, jobs: int) -> None:
+        """Before a spread round of `jobs` (`run`), while the driver works alone (the
+        advantages, between the buckets and the dates), the worker processes the
+        round needs beyond the warm ones are started and import `module`. A spread
+        round on two CPUs runs three tasks, and Ray starts the third process only
+        when the round is handed out: it began a second behind the other two, paid
+        its imports (about a CPU-second) on cores the others were using, and finished
+        alone. Here that happens on the core the driver leaves idle. The round's
+        tasks queue behind these (the same CPU share), so nothing waits for them.
+        On one machine only: the processes meet through a folder."""
+        cpus = share(self.cpus, jobs)
+        if not self.remote or cpus == 1.0:
+            return
+        import ray
+
+        if len(ray.nodes()) != 1:
+            return
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="nightshift-prestart-")
+        task = ray.remote(num_cpus=cpus, max_retries=0)(_meet)
+        self._warming = (folder, [task.remote(module, folder, jobs) for _ in range(jobs)])
+
+    def _warmed(self) -> None:
+        """The prestart's folder removed once its tasks are done (they take a second)."""
+        if self._warming is None:
+            return
+        import shutil
+
+        import ray
+
+        folder, refs = self._warming
+        self._warming = None
+        ray.wait(refs, num_returns=len(refs), timeout=PATIENCE + 5)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+#: How long a prestarted process waits for the others of its round (`Engine.prestart`)
+PATIENCE = 5.0
+
+
+def _meet(module: str, folder: str, processes: int) -> None:
+    """Import `module`, then wait until `processes` tasks have started, each in its
+    own process (a task that ended would free its process for the next one)."""
+    import importlib
+
+    importlib.import_module(module)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + PATIENCE
+    while time.monotonic() < deadline and len(os.listdir(folder)) < processes:
+        time.sleep(0.02)
 
 
 def _reachable(address: str) -> str:
