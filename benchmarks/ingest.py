@@ -813,8 +813,9 @@ class Sustained:
 
     @property
     def offered(self) -> float:
-        """Spans/s the senders got out (sends, resends included), against the rate asked."""
-        return self.phase.sent * self.spans_per_request / self.phase.elapsed
+        """Spans/s the senders got out as new batches (a refused batch's resend not
+        counted again), against the rate asked."""
+        return max(0, self.phase.sent - self.phase.refused) * self.spans_per_request / self.phase.elapsed
 
     @property
     def durable(self) -> float:
