@@ -640,6 +640,7 @@ def ray_lines(p: st.Params, args: argparse.Namespace, runs: list[tuple[int, Buil
                    + (f"  [other processes used {max(r.other_cores for _, r in runs):.2f} cores meanwhile: "
                       "the workers did not have the cores to themselves]" if max(r.other_cores for _, r in runs) > 0.25
                       else ""))
+    out.extend(_round_lines(runs))
     out.extend(_process_lines(runs))
     phases = _phases(base.stdout)
     if phases:
@@ -749,6 +750,22 @@ def _cpu_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
                        f"N={n}: {(fixed + 10 * (inside + tasks)) / (fixed + 10 * (inside + tasks / n)):.1f}x"
                        for n in (2, 4, 8, 16, 64)))
     return out
+
+
+def _round_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
+    """Each round's wall seconds by worker count, and the speed-up round by round:
+    where the last count loses against a perfect split (a round's tail, a worker
+    started late) and what stays in the driver alone (start-up, advantages, commit)."""
+    got = {w: _phases(r.stdout) for w, r in runs}
+    if len(got) < 2 or not all(got.values()):
+        return []
+    lo, hi = min(got), max(got)
+    rounds = ("split", "buckets", "advantages", "partitions")
+    alone = {w: max(r.wall - sum(got[w].get(k, 0.0) for k in rounds if k != "advantages"), 0.0) for w, r in runs}
+    return [f"  rounds, {lo} -> {hi} worker(s), wall s (speed-up): " + ", ".join(
+        f"{k} {got[lo].get(k, 0.0):.1f} -> {got[hi].get(k, 0.0):.1f} ({got[lo].get(k, 0.0) / got[hi][k]:.2f}x)"
+        if got[hi].get(k) else f"{k} {got[lo].get(k, 0.0):.1f} -> {got[hi].get(k, 0.0):.1f}" for k in rounds)
+        + f"; the driver alone (start-up, advantages, commit, stop) {alone[lo]:.1f} -> {alone[hi]:.1f}"]
 
 
 def _phases(stdout: str) -> dict[str, float]:
