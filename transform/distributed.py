@@ -141,17 +141,20 @@ class Engine:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-#: How long a prestarted process waits for the others of its round (`Engine.prestart`)
-PATIENCE = 5.0
+#: How long a prestarted process waits for the others of its round (`Engine.prestart`): a process
+#: starts in about a second; should one take longer the round's first tasks wait at most this
+PATIENCE = 3.0
 
 
 def _meet(module: str, folder: str, processes: int) -> None:
-    """Import `module`, then wait until `processes` tasks have started, each in its
-    own process (a task that ended would free its process for the next one)."""
+    """Wait until `processes` tasks have started, each in its own process (a task
+    that ended would free its process for the next one), importing `module`
+    meanwhile: the warm processes, which have it, wait only for the new ones to
+    start, not for their imports."""
     import importlib
 
-    importlib.import_module(module)
     open(os.path.join(folder, str(os.getpid())), "w").close()
+    importlib.import_module(module)
     deadline = time.monotonic() + PATIENCE
     while time.monotonic() < deadline and len(os.listdir(folder)) < processes:
         time.sleep(0.02)
