@@ -182,6 +182,55 @@ for flushes in json.loads(sys.argv[5]):
     t0 = time.process_time()
     n = flush_segment(Path(steady_seg), store).spans
     out["steady"].append({"flushes": flushes, "keys": keys, "frames": frames, "per_100k": 1e5 * (time.process_time() - t0) / n})
+# Where a flush's CPU goes: the measured segment again, into a store of its own, each
+# step timed (after the figures above, so the timers cost them nothing).
+from nightshift.collector import convert, datasets, otlp_arrow, wal
+import pyarrow.parquet as pq
+acc = {}
+def timed(label, f):
+    def g(*a, **k):
+        t0 = time.process_time()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[label] = acc.get(label, 0.0) + time.process_time() - t0
+    return g
+read = wal.read_segment
+def read_timed(path):
+    it = read(path)
+    while True:
+        t0 = time.process_time()
+        try:
+            record = next(it)
+        except StopIteration:
+            return
+        finally:
+            acc["wal"] = acc.get("wal", 0.0) + time.process_time() - t0
+        yield record
+class Handler:
+    def __init__(self, h):
+        self.list_to_record_batch = timed("ptars", h.list_to_record_batch)
+any_handler, trace_handler = otlp_arrow._handler, Handler(otlp_arrow._handler("trace"))
+otlp_arrow._handler = lambda message="trace": trace_handler if message == "trace" else any_handler(message)
+wal.read_segment = read_timed
+convert.spans_table = timed("conversion", convert.spans_table)
+datasets.PartitionedWriter.add = timed("add", datasets.PartitionedWriter.add)
+datasets.PartitionedWriter.commit = timed("commit", datasets.PartitionedWriter.commit)
+pq.ParquetWriter.write_table = timed("encode", pq.ParquetWriter.write_table)
+_release()
+store = DatasetStore(data + "/profile", window_s=cfg.dedup_window, key_budget=cfg.dedup_memory)
+flush_segment(Path(warm), store)
+acc.clear()
+t0 = time.process_time()
+n = flush_segment(Path(seg), store).spans
+total = time.process_time() - t0
+g = lambda k: acc.get(k, 0.0)
+parts = {"Parquet encode": g("encode"), "protobuf to Arrow (ptars)": g("ptars"),
+         "column operations": g("conversion") - g("ptars"), "duplicate check": g("add") - g("encode"),
+         "WAL read and CRC": g("wal"), "close and fsync": g("commit")}
+parts["other"] = total - sum(parts.values())
+out["parts"] = {k: 1e5 * v / n for k, v in parts.items()}
+out["parts_total"] = 1e5 * total / n
 print(json.dumps(out))
 """
 
@@ -221,6 +270,13 @@ def flusher_alone(directory: Path, templates: list[Template], spans: int = 100_0
     res["per_cpu"] = res["spans"] / res["cpu"] if res["cpu"] else float("nan")
     res["segment_mib"] = seg.stat().st_size / MB
     return res
+
+
+def parts_line(alone: dict) -> str:
+    """Where the flusher's CPU goes, largest first (a second, timed flush of the same segment)."""
+    parts = sorted(alone.get("parts", {}).items(), key=lambda kv: -kv[1])
+    return (f"where it goes ({alone.get('parts_total', float('nan')):.2f} CPU-s per 100k spans, timed): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in parts))
 
 
 def steady_line(alone: dict) -> str:
@@ -1342,6 +1398,7 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
         rep.say(f"    {f'~{r.kb:g} KB' if r.kb else '1-10 KB'}: {1e5 * a['cpu'] / a['spans']:.2f} CPU-s per 100k spans "
                 f"({fmt(a['per_cpu'])} spans per CPU-second), peak RSS {a['peak_mib']:.0f} MiB "
                 f"({a['imports_mib']:.0f} of them its imports); {steady_line(a)}")
+        rep.say(f"      {parts_line(a)}")
     overs = [r for r in runs if r.over is not None]
     if overs:
         rep.say(f"  under sustained overload (WAL capped at {overs[0].over.cap / MB:g} MiB, clients told 503 + Retry-After "
@@ -1393,6 +1450,7 @@ def run_size(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float
             f"segment of {alone['spans']:,} of these spans): {1e5 * alone['cpu'] / alone['spans']:.2f} CPU-s per 100k "
             f"spans = {fmt(alone['per_cpu'])} spans per CPU-second; RSS {alone['imports_mib']:.0f} MiB after its imports, "
             f"peak {alone['peak_mib']:.0f} MiB; {steady_line(alone)}")
+    rep.say(f"  {parts_line(alone)}")
     report_full(rep, args, load, fig, raw8)
     report_sustained(rep, args, load, fig)
     report_half(rep, args, load, fig)
