@@ -490,6 +490,7 @@ def sender_main(idx: int, transport: str, port: int, templates: list[Template], 
                     retry = (t, body)
                     # the delay the collector asked for, not past the phase's end
                     time.sleep(max(0.0, min(wait, end_at - time.perf_counter())))
+                    last_done = time.perf_counter()  # waiting as told is part of the phase: it ends after the wait
                 else:
                     errors += 1
             conn.send({
@@ -517,7 +518,7 @@ class Sent:
     late: int = 0
     sent: int = 0
     sender_cpu: float = 0.0
-    last_done: float = 0.0  # perf_counter of the last answer any sender got
+    last_done: float = 0.0  # perf_counter of the last answer any sender got (or the end of a wait it was told)
     lat: list = field(default_factory=list)  # actual send -> ack
     sched: list = field(default_factory=list)  # scheduled send -> ack (rate-limited phases)
 
