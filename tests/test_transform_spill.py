@@ -150,3 +150,27 @@ def test_log_events_are_split_by_bucket_not_read_for_the_whole_window(tmp_path, 
     B.build(TransformConfig(data=str(again), settle=0))  # one bucket: the same rows
     one = pl.read_parquet(f"{again}/transitions/date=*/*.parquet").sort("transition_id")
     assert one.select(pl.exclude("advantage")).equals(many.select(pl.exclude("advantage")))
+
+
+def test_a_spilled_frame_read_as_arrow_gets_the_advantages_with_advantages_gives(tmp_path):
+    # the partitions read each frame's rows as Arrow and join only their ids (pool.add_advantages)
+    import pyarrow as pa
+    import transitions_data as TD
+
+    from nightshift.schemas import transitions
+
+    rows = [TD.row(f"question {i}", f"answer {i}", float(i % 4), step=i % 3, prompt_token_ids=[i, i + 1],
+                   completion_token_ids=[7], completion_logprobs=[-0.5]) for i in range(40)]
+    df = pl.from_arrow(pa.Table.from_pylist(rows, schema=transitions.SCHEMA)).drop("advantage")
+    path = spill.write_ipc(df, str(tmp_path / "rows.arrow"))
+    ids = df.select(*pool.id_parts())
+    rng = random.Random(3)
+    want = [rng.choice([None, rng.uniform(-1, 1)]) for _ in range(df.height)]
+    adv = ids.with_columns(pl.Series("advantage", want, pl.Float64)).sample(fraction=1.0, shuffle=True, seed=5)
+    adv = adv.filter(pl.int_range(pl.len()) % 7 != 0)  # some ids not in the pool: null
+    got = pool.add_advantages(spill.read_arrow(path), adv)
+    old = pool.with_advantages(spill.read_ipc(path), adv)
+    assert got.equals(old) and got.schema.equals(old.schema) and got.num_rows == 40
+    by_id = {(h, lo): a for h, lo, a in adv.iter_rows()}
+    assert got["advantage"].to_pylist() == [by_id.get(k) for k in ids.iter_rows()]
+    assert got["prompt_token_ids"].to_pylist()[:2] == [[0, 1], [1, 2]]

@@ -642,7 +642,7 @@ class _DayJob:
 
 def _day_tables(frames: list[tuple[int, str]], adv: spill.Advantages) -> Iterator[pa.Table]:
     for part, path in frames:
-        yield pool.with_advantages(spill.read_ipc(path), adv.of(part))
+        yield pool.add_advantages(spill.read_arrow(path), adv.of(part))
 
 
 def stage_day(job: _DayJob, shared: object = None) -> int:

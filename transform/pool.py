@@ -54,6 +54,20 @@ def with_advantages(df: pl.DataFrame, adv: pl.DataFrame) -> pa.Table:
     return df.select([f.name for f in _ROW_SCHEMA]).to_arrow().cast(_ROW_SCHEMA)
 
 
+def add_advantages(t: pa.Table, adv: pl.DataFrame) -> pa.Table:
+    """`with_advantages` of a frame's spilled rows read as Arrow: only the ids go
+    through Polars (the join), not the prompts and token ids, which were converted to
+    Polars and back again for each of the window's rows (about 0.6 ms per thousand)."""
+    ids = pl.from_arrow(t.select(["transition_id"])).with_columns(*id_parts()).join(
+        adv, on=list(ID), how="left", maintain_order="left")
+    t = t.drop_columns([c for c in ("advantage",) if c in t.column_names])
+    t = t.append_column("advantage", ids["advantage"].to_arrow())
+    for f in _ROW_SCHEMA:  # (a spilled frame lacks only the advantage)
+        if f.name not in t.column_names:
+            t = t.append_column(f.name, pa.nulls(t.num_rows, f.type))
+    return t.select([f.name for f in _ROW_SCHEMA]).cast(_ROW_SCHEMA)
+
+
 def _path(out_root: str, date: str) -> str:
     return f"{out_root}/{layout.partition(date)}/{output.FILE}"
 

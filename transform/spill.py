@@ -42,8 +42,12 @@ def write_ipc(df: pl.DataFrame, path: str) -> str:
 
 
 def read_ipc(path: str) -> pl.DataFrame:
+    return pl.from_arrow(read_arrow(path)).rechunk()
+
+
+def read_arrow(path: str) -> pa.Table:
     with pa.ipc.open_file(path) as f:  # not pl.read_ipc: Polars keeps the file mapped
-        return pl.from_arrow(f.read_all()).rechunk()
+        return f.read_all()
 
 
 def rows_in(path: str) -> int:
