@@ -2,5 +2,5 @@
 answers, and writes span and log datasets as Parquet.
 
 receiver (grpc_server, http_server) -> decode -> pipeline (validate, redact)
--> wal (the ack point) -> flusher (separate process) -> convert -> datasets.
+-> wal (the ack point) -> flusher (its own process, or a thread: collector.flusher) -> convert -> datasets.
 """

@@ -1,7 +1,8 @@
 """The flusher: sealed WAL segments to Parquet datasets, then deletes them.
 
-It runs in its own process so that converting protobuf to Arrow never holds the
-receiver's GIL (acks stay fast). A segment is deleted only after every file made
+It runs in its own process by default so that converting protobuf to Arrow never
+holds the receiver's GIL (acks stay fast); `collector.flusher: thread` runs the
+same loop as a thread of the receiver's process instead (`flusher_thread`). A segment is deleted only after every file made
 from it is durable; a flush that dies half-way is redone from the segment, and
 rewrites the same file names, so it adds no duplicate rows.
 """
@@ -96,8 +97,9 @@ def _lock(directory: Path, stop, parent_pid: int, poll_s: float):
     """The flusher's lock in the WAL folder (waiting for an orphaned flusher to
     finish), or None if told to stop first. A folder that is gone (deleted under
     a running collector, whose log then refuses writes) is waited for, not a
-    crash to restart every second."""
-    while os.getppid() == parent_pid:
+    crash to restart every second. `parent_pid` None: a thread of the collector
+    itself, which cannot outlive it."""
+    while parent_pid is None or os.getppid() == parent_pid:
         try:
             f = open(directory / "flusher.lock", "a+")
         except FileNotFoundError:
@@ -142,18 +144,22 @@ def _trim(segment: Path, directory: Path) -> None:
         pass
 
 
-def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, parent_pid: int,
+def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, parent_pid: int | None,
         poll_s: float = 0.2, log_level: int = logging.INFO, dedup_window: float | None = None, dedup_memory: int = 0,
         compression: str = "") -> None:
-    """Process entry point. Exits when `stop` is set and no sealed segment is left,
-    or when the collector that started it is gone (a restart takes over)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the receiver orchestrates shutdown
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        os.nice(5)  # background work: when the cores are busy, acks go first
-    except OSError:
-        pass
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """The flusher's loop. Exits when `stop` is set and no sealed segment is left,
+    or when the collector that started it is gone (a restart takes over).
+    `parent_pid` None: run as a thread of the collector (no process of its own to
+    watch its parent, set signals or lower its priority for: a lowered thread
+    that holds the GIL when preempted would hold up the receiver's acks)."""
+    if parent_pid is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the receiver orchestrates shutdown
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            os.nice(5)  # background work: when the cores are busy, acks go first
+        except OSError:
+            pass
+        logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     directory = Path(wal_dir)
     lock = _lock(directory, stop, parent_pid, poll_s)
     if lock is None:
@@ -163,7 +169,7 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
         store: DatasetStore | None = None  # made on first use: a store that is down at start is retried too
         backoff = 0.0
         while True:
-            if os.getppid() != parent_pid:
+            if parent_pid is not None and os.getppid() != parent_pid:
                 log.warning("flusher: collector is gone; exiting so a restart can take over")
                 return
             segments = wal.sealed_segments(directory)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from nightshift.settings import logs
 
-from . import flusher_process, flusher_stats, http_server, listen, receiver_main, wal
+from . import flusher_process, flusher_stats, flusher_thread, http_server, listen, receiver_main, wal
 from .config import CollectorConfig
 from .fairness import ClientLimits
 from .metrics import Metrics
@@ -54,7 +54,8 @@ class Collector:
         self._stop = threading.Event()
         self._flusher_stop = flusher_process.StopSignal.pair()
         self._stats = flusher_process.SharedStats()
-        self._flusher: flusher_process.FlusherProcess | None = None
+        self._flusher: flusher_process.FlusherProcess | flusher_thread.FlusherThread | None = None
+        self._stuck_reported = 0.0  # the stuck flush (its start) already reported, in the thread form
         self._grpc = self._http = None
 
     # --- flusher process ----------------------------------------------------------------
@@ -66,6 +67,10 @@ class Collector:
                     "dedup_window": self.cfg.dedup_window, "dedup_memory": self.cfg.dedup_memory,
                     "compression": self.cfg.compression, "log_level": logging.getLogger().level,
                     "log_format": logs.current()}
+        if self.cfg.flusher == "thread":
+            self._flusher = flusher_thread.FlusherThread(settings, self._stats, self._flusher_stop)
+            log.info("flusher started (thread %d of this process)", self._flusher.tid)
+            return
         self._flusher = flusher_process.FlusherProcess(settings, self._stats, self._flusher_stop)
         log.info("flusher started (pid %d)", self._flusher.pid)
 
@@ -76,7 +81,10 @@ class Collector:
             "wal_bytes": self.log.bytes_on_disk,
             "flusher_pid": self._flusher.pid if self._flusher else None,
             "flusher_alive": bool(self._flusher and self._flusher.is_alive()),
+            "flusher": self.cfg.flusher,
         }
+        if isinstance(self._flusher, flusher_thread.FlusherThread):
+            info["flusher_tid"] = self._flusher.tid
         if self.log.lost:
             info["problem"] = self.log.lost
         return ok, info
@@ -203,7 +211,16 @@ class Collector:
         if not self._flusher:
             return
         started = self._stats[flusher_stats.FLUSH_STARTED_S]
-        if self._flusher.is_alive() and started and time.time() - started > self.cfg.flush_timeout:
+        stuck = self._flusher.is_alive() and started and time.time() - started > self.cfg.flush_timeout
+        if stuck and isinstance(self._flusher, flusher_thread.FlusherThread):
+            if started != self._stuck_reported:  # once per stuck flush: a thread cannot be killed
+                self._stuck_reported = started
+                log.error("flusher stuck for %.0fs on one segment (flush_timeout %.0fs); a flusher thread cannot be "
+                          "killed: restart the collector (nothing is lost: the WAL keeps the data), or run "
+                          "collector.flusher: process, whose flusher is restarted by itself",
+                          time.time() - started, self.cfg.flush_timeout)
+            return
+        if stuck:
             log.error("flusher stuck for %.0fs on one segment (flush_timeout %.0fs); killing and restarting it "
                       "(nothing is lost: the WAL keeps the data)", time.time() - started, self.cfg.flush_timeout)
             self._flusher.kill()
@@ -296,6 +313,8 @@ def run(cfg: CollectorConfig) -> int:
     if receiver_main.worth_it():
         receiver_main.exec_lean(cfg, logging.getLogger().level, logs.current())
     few_arenas()  # before the servers' threads allocate
+    if cfg.flusher == "thread":
+        flusher_thread.prepare_process(lean=os.environ.get(receiver_main.ENV) == "1")
     c = Collector(cfg)
     c.start()
     signal.signal(signal.SIGTERM, c.request_stop)

@@ -1,0 +1,82 @@
+"""`collector.flusher: thread`: the flusher inside the receiver's process keeps the
+process form's promises (the same rows in Parquet, nothing acknowledged lost when
+the one process is killed between Parquet and the WAL's trim)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import read_spans
+from helpers import make_request, post
+
+THREAD = {"NIGHTSHIFT_COLLECTOR_FLUSHER": "thread"}
+#: The column the collector fills from the moment a request came in: every other
+#: column must be equal row for row between the forms.
+LOCAL = ("received_time",)
+
+
+def _comparable(df):
+    keep = [c for c in df.columns if not any(w in c for w in LOCAL)]
+    return df.select(keep).sort(["trace_id", "span_id"])
+
+
+def _send(c, bodies: list[bytes]) -> None:
+    for body in bodies:
+        assert post(c.http_port, "/v1/traces", body)[0] == 200
+
+
+def test_thread_form_is_one_process_and_writes_the_process_forms_rows(tmp_path):
+    from hardening.proc import Collector
+
+    reqs = [make_request(30, content="x" * 300) for _ in range(4)]
+    bodies = [r.SerializeToString() for r, _ in reqs]
+    out = {}
+    for form in ("process", "thread"):
+        c = Collector(tmp_path / form / "data", tmp_path / form / "wal", tmp_path / f"{form}.log",
+                      env={"NIGHTSHIFT_COLLECTOR_FLUSHER": form}).start()
+        try:
+            h = c.health()
+            assert h["flusher"] == form and h["flusher_alive"]
+            if form == "thread":
+                assert h["flusher_pid"] == c.proc.pid and h["flusher_tid"]
+                assert c.children() == [], "the thread form started a process"
+            else:
+                assert c.children() == [h["flusher_pid"]]
+            _send(c, bodies)
+            assert c.stop() == 0
+        finally:
+            if c.proc.poll() is None:
+                c.kill9()
+        out[form] = read_spans(c.data)
+    ids = sorted(i for _, ids in reqs for i in ids)
+    assert sorted(zip(out["thread"]["trace_id"], out["thread"]["span_id"])) == ids
+    assert _comparable(out["thread"]).equals(_comparable(out["process"]))
+
+
+@pytest.mark.parametrize("point", ["flusher.before_commit", "flusher.after_commit"])
+def test_thread_form_killed_mid_flush_loses_nothing_and_stores_nothing_twice(collector_factory, tmp_path, point):
+    """The failpoint kills the whole collector (the flusher is a thread of it),
+    before or after the flush's Parquet is durable; the restart replays the WAL."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**THREAD, "NIGHTSHIFT_FAILPOINTS": point, "NIGHTSHIFT_FAILPOINT_DIR": str(marks)}
+    c = collector_factory(env=env).start()
+    reqs = [make_request(25) for _ in range(3)]
+    _send(c, [r.SerializeToString() for r, _ in reqs])  # acknowledged: in the WAL
+    c.proc.wait(30)  # the first flush fires the failpoint: kill -9 of receiver and flusher alike
+    assert (marks / point).exists(), "the failpoint never fired"
+    c._log.close()
+    c = collector_factory(env=env, grpc_port=c.grpc_port, http_port=c.http_port).start()
+    more, more_ids = make_request(10)
+    _send(c, [more.SerializeToString()])
+    deadline = time.time() + 30
+    while list(c.wal.glob("*.sealed")) and time.time() < deadline:
+        time.sleep(0.1)
+    assert c.stop() == 0
+    spans = read_spans(c.data)
+    stored = list(zip(spans["trace_id"], spans["span_id"]))
+    assert len(stored) == len(set(stored)), "a span is stored twice"
+    assert sorted(stored) == sorted([i for _, ids in reqs for i in ids] + more_ids)
+    assert not list(c.wal.glob("*.sealed"))
