@@ -6,6 +6,7 @@ the whole pool (to the bit in one part, whatever the bucket count in any)."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import polars as pl
@@ -174,3 +175,26 @@ def test_a_spilled_frame_read_as_arrow_gets_the_advantages_with_advantages_gives
     by_id = {(h, lo): a for h, lo, a in adv.iter_rows()}
     assert got["advantage"].to_pylist() == [by_id.get(k) for k in ids.iter_rows()]
     assert got["prompt_token_ids"].to_pylist()[:2] == [[0, 1], [1, 2]]
+
+
+def test_a_buckets_split_pieces_read_back_as_the_spans_of_its_traces_in_order(tmp_path):
+    # `_read_bucket` reads one run's piece with Polars' reader, several runs' with pyarrow:
+    # either way each bucket holds its traces' spans as the files had them, in their order
+    import fsspec
+
+    data = tmp_path / "data"
+    for b in range(3):  # three span files, so three pieces of each bucket
+        write_spans(str(data), [agent_run(f"{b}{i:031x}", i, calls=2, task=f"t{i % 3}", reward=1.0) for i in range(12)],
+                    batch=f"b{b}")
+    files = sorted(str(p) for p in (data / "spans").rglob("*.parquet"))
+    assert len(files) == 3
+    fs = fsspec.filesystem("file")
+    src = [B._Source(f, "d") for f in files]
+    whole = B._read(fs, src, B.SPAN_COLUMNS)
+    one = B._split(fs, src, 4, str(tmp_path), 2_000, [])  # one run: a batch per file in each piece
+    runs = [B._split(fs, [s], 4, str(tmp_path), 2_000, [], tag=f"-{k}") for k, s in enumerate(src)]
+    for b in range(4):
+        want = whole.filter(B._bucket_of(pl.col("trace_id"), 4) == b)
+        assert want.height and B._read_bucket([one[b]], consume=True).equals(want)
+        assert B._read_bucket([r[b] for r in runs]).equals(want)
+    assert not any(os.path.exists(p) for p in one)  # consumed
