@@ -129,9 +129,10 @@ def test_only_a_prompt_that_says_so_sends_letters_questions_to_the_counter(lette
     under the agent's own prompt the policy almost never calls the counter, so its
     logs hold nearly no rewarded letters row for sft; under the stand-in's
     proposal, which quotes the other tools' error, it does. Measured on the build
-    keyed 3e629e78ef85, 120 questions: own 0.013, proposal 0.908, the placebo 0.454 (a longer
-    prompt lifts it too, half as much: apo-placebo's arm measures that), a colour
-    line 0.42 on letters and 0.90 on colour (0.52 without)."""
+    keyed d092dc10b85c, 120 questions: own 0.004, proposal 0.972, the placebo 0.344
+    (a longer prompt lifts it a third as much: apo-placebo's arm measures that), a
+    colour line 0.18 on letters and 0.77 on colour (0.50 without).
+    """
     import evaluate
 
     prompts = {"own": None,
@@ -139,8 +140,8 @@ def test_only_a_prompt_that_says_so_sends_letters_questions_to_the_counter(lette
                "placebo": _said("feedback: the answers were slow and too long"),
                "colour": _said("tool error: calculator: error: cannot calculate a colour")}
     p = evaluate.right_tool_probability(str(letters_policy), prompts, tasks=40)
-    assert p["own"]["letters"] < 0.05, p
-    assert p["said"]["letters"] > 0.8, p
+    assert p["own"]["letters"] < 0.02, p
+    assert p["said"]["letters"] > 0.85, p
     assert p["said"]["letters"] - p["placebo"]["letters"] > 0.3, p  # what the line says, more than that it is there
     assert p["colour"]["colour"] - p["own"]["colour"] > 0.2, p  # the old kinds still read their instructions
     assert abs(p["own"]["colour"] - 0.5) < 0.15 and abs(p["own"]["arithmetic"] - 0.5) < 0.15, p  # and a coin flip without
@@ -148,8 +149,8 @@ def test_only_a_prompt_that_says_so_sends_letters_questions_to_the_counter(lette
 
 def test_no_prompt_moves_the_misreading(letters_policy, letters):
     """The part only logged data can fix: after the right tool's result the policy
-    answers that value about 75 % of the time (p_misread 0.25), with the proposal
-    as with the agent's own prompt; the failures carry no error for a proposer to
+    answers that value about 75 % of the time (p_misread 0.25; measured 0.72 and
+    0.71 on 60 questions), with the proposal as with the agent's own prompt; the failures carry no error for a proposer to
     read, and rewarded rows are all read right."""
     import evaluate
 

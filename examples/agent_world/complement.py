@@ -8,8 +8,8 @@ Continued from counterfactual.PROMPT_SENSITIVE (cached), one more stage of acted
 demonstrations with the third tool offered:
 
 - what only a prompt can carry: questions about how many letters a word has need
-  `counter`, which the policy calls `p_letters` of the time (2 %) unless its
-  system prompt says when to (then `p_right_instructed`): its own logs hold almost
+  `counter`, which the policy never calls (`p_letters`) unless its system prompt
+  says when to (then `p_right_instructed`): its own logs hold almost
   no rewarded row of that kind for filtered sft to imitate, while the other tools'
   error on it (world.LETTER_ERROR) says what is needed, which a proposer can read;
 - what only logged data teaches: after a result, the policy answers another value
@@ -90,7 +90,9 @@ class LettersSpec:
     demos: int = 2400  # counterfactual twins included
     instructed: float = 0.85
     p_right_tool: float = 0.5  # an old kind the prompt does not speak of
-    p_letters: float = 0.02  # a letters question the prompt does not speak of
+    # a letters question the prompt does not speak of: never (0.02 left about one rewarded
+    # row a night, and sft alone learned the counter from it: 82.5 % after night 1)
+    p_letters: float = 0.0
     p_right_instructed: float = 0.95
     p_misread: float = 0.25
     read: float = 0.6  # share of demonstrations whose read-back call is taught (the habit is set there)
