@@ -24,14 +24,15 @@ from .flusher_process import UNUSED, SharedStats, StopSignal, _Unused, child_env
 log = logging.getLogger("nightshift.collector.flusher")
 
 
-def prepare_process(lean: bool) -> None:
+def prepare_process() -> None:
     """What the process form does to its own child, done to this process before
     the flusher's first import of pyarrow: Arrow's allocator chosen (read once,
-    at pyarrow's first allocation) and, in the collector's own lean process
-    only (`lean`), the modules the flusher never uses kept out (a test or a
-    library user of `Collector` may well want pandas)."""
+    at pyarrow's first allocation) and the modules the flusher never uses kept
+    out (pandas and Arrow's S3 were 8 MiB of the one process, measured). Only
+    `server.run` calls it: a process that is the collector and nothing else (a
+    test or a library user of `Collector` may well want pandas)."""
     os.environ.update(child_environment(os.environ))
-    if lean and not any(isinstance(f, _Unused) for f in sys.meta_path) and not any(m in sys.modules for m in UNUSED):
+    if not any(isinstance(f, _Unused) for f in sys.meta_path) and not any(m in sys.modules for m in UNUSED):
         sys.meta_path.insert(0, _Unused())
 
 

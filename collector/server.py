@@ -314,7 +314,7 @@ def run(cfg: CollectorConfig) -> int:
         receiver_main.exec_lean(cfg, logging.getLogger().level, logs.current())
     few_arenas()  # before the servers' threads allocate
     if cfg.flusher == "thread":
-        flusher_thread.prepare_process(lean=os.environ.get(receiver_main.ENV) == "1")
+        flusher_thread.prepare_process()
     c = Collector(cfg)
     c.start()
     signal.signal(signal.SIGTERM, c.request_stop)

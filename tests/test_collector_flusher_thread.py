@@ -27,6 +27,13 @@ def _send(c, bodies: list[bytes]) -> None:
         assert post(c.http_port, "/v1/traces", body)[0] == 200
 
 
+def _wait_flushed(c, spans: int) -> None:
+    deadline = time.time() + 30
+    while c.metrics().get('nightshift_flushed{signal="traces"}', 0) < spans:
+        assert time.time() < deadline, "the flusher thread wrote nothing in 30 s"
+        time.sleep(0.1)
+
+
 def test_thread_form_is_one_process_and_writes_the_process_forms_rows(tmp_path):
     from hardening.proc import Collector
 
@@ -45,6 +52,12 @@ def test_thread_form_is_one_process_and_writes_the_process_forms_rows(tmp_path):
             else:
                 assert c.children() == [h["flusher_pid"]]
             _send(c, bodies)
+            if form == "thread":  # what the process form keeps out of its child stays out of the one process
+                _wait_flushed(c, 120)
+                import psutil
+
+                mapped = " ".join(m.path for m in psutil.Process(c.proc.pid).memory_maps())
+                assert "pyarrow" in mapped and "/pandas/" not in mapped and "libarrow_s3" not in mapped
             assert c.stop() == 0
         finally:
             if c.proc.poll() is None:
