@@ -1271,8 +1271,6 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
         if plan is not None and dates is None:  # transitions are made from spans: a date without any has none
             window_days = window_days | set(inputs.partitions)
         days = sorted(window_days | set(held))
-        if engine.remote and output.is_local(fs):  # the dates' worker processes start while the driver pools
-            engine.prestart(stage_day.__module__, len(days))
         kept: dict[int, tuple[str, str]] = {}  # the partitions an incremental build keeps join the pool
         for i, day in enumerate(sorted(set(inputs.partitions) - dates) if dates is not None else ()):
             part = _part(buckets + i, 0)
@@ -1284,6 +1282,9 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             slim.append(spill.write_ipc(k.drop("_was").with_columns(pl.lit(part, pl.UInt64).alias("_part")),
                                         os.path.join(tmp, f"slim-kept-{day}.arrow")))
             del k
+        if engine.remote and output.is_local(fs):  # the dates' worker processes start while the driver pools
+            engine.prestart(stage_day.__module__, len(days))  # not before the kept partitions: Ray stops a
+            # process beyond one per CPU once idle a second (idle_worker_killing_time_threshold_ms)
         # per-group sums from the spilled parts: no per-row table held for the whole window
         adv = spill.advantages(slim, os.path.join(tmp, "advantages"), cfg.advantage.baseline,
                                cfg.advantage.normalize)
