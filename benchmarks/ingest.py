@@ -374,6 +374,16 @@ def cpu_seconds(p: psutil.Process | None) -> float:
         return 0.0
 
 
+def thread_cpu_seconds(p: psutil.Process | None, tid: int) -> float:
+    """One thread's CPU seconds (the flusher's, in the thread form)."""
+    if p is None or not tid:
+        return 0.0
+    try:
+        return next((t.user_time + t.system_time for t in p.threads() if t.id == tid), 0.0)
+    except psutil.Error:
+        return 0.0
+
+
 def anon_mib(p: psutil.Process | None) -> float:
     """A process's anonymous resident memory (RssAnon): its RSS less the pages of
     mapped files (libarrow's code, 40-50 MiB in the flusher), which the kernel
@@ -413,10 +423,12 @@ class RssStats:
 
 
 class Collector:
-    def __init__(self, root: Path, flush_interval: float, env: dict[str, str] | None = None, grpc: bool = True):
+    def __init__(self, root: Path, flush_interval: float, env: dict[str, str] | None = None, grpc: bool = True,
+                 form: str = "process"):
         self.root = root
         self.grpc = grpc  # False: HTTP alone, as a sidecar for HTTP exporters runs (gRPC is 16-17 MiB of a receiver)
-        self.env = env or {}
+        self.form = form  # collector.flusher: its own process, or a thread of the receiver's (one process to measure)
+        self.env = {"NIGHTSHIFT_COLLECTOR_FLUSHER": form, **(env or {})}
         self.data = root / "data"
         self.wal = root / "wal"
         self.log_path = root / "collector.log"
@@ -425,7 +437,8 @@ class Collector:
         self.flush_interval = flush_interval
         self.proc: subprocess.Popen | None = None
         self.ps: psutil.Process | None = None
-        self.flusher: psutil.Process | None = None
+        self.flusher: psutil.Process | None = None  # the flusher's own process; None in the thread form
+        self.flusher_tid = 0  # the thread form: the flusher's thread in the receiver's process
         self._log = None
 
     def start(self) -> None:
@@ -444,18 +457,26 @@ class Collector:
             try:
                 info = json.loads(http_get(self.http_port, "/healthz", timeout=1.0))
                 if info.get("status") == "ok" and info.get("flusher_pid"):
-                    self.flusher = psutil.Process(info["flusher_pid"])
+                    self._set_flusher(info)
                     return
             except (OSError, ValueError):
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"collector not healthy after 60 s; log:\n{self.log_tail()}")
 
+    def _set_flusher(self, info: dict) -> None:
+        """The flusher's process, or in the thread form its thread (its process is
+        the receiver's: counting it as a flusher would count the sidecar twice)."""
+        if info.get("flusher") == "thread":
+            self.flusher, self.flusher_tid = None, int(info.get("flusher_tid") or 0)
+        elif self.flusher is None or self.flusher.pid != info["flusher_pid"]:
+            self.flusher = psutil.Process(info["flusher_pid"])
+
     def refresh_flusher(self) -> None:
         try:
             info = json.loads(http_get(self.http_port, "/healthz", timeout=1.0))
-            if info.get("flusher_pid") and (self.flusher is None or self.flusher.pid != info["flusher_pid"]):
-                self.flusher = psutil.Process(info["flusher_pid"])
+            if info.get("flusher_pid"):
+                self._set_flusher(info)
         except (OSError, ValueError, psutil.Error):
             pass
 
@@ -464,7 +485,12 @@ class Collector:
             raise RuntimeError(f"collector exited with {self.proc.returncode}; log:\n{self.log_tail()}")
 
     def cpu(self) -> tuple[float, float]:
-        return cpu_seconds(self.ps), cpu_seconds(self.flusher)
+        """(receiver, flusher) CPU seconds; in the thread form the flusher's is its
+        thread's, and the receiver's the rest of the process."""
+        if self.form != "thread":
+            return cpu_seconds(self.ps), cpu_seconds(self.flusher)
+        whole, thread = cpu_seconds(self.ps), thread_cpu_seconds(self.ps, self.flusher_tid)
+        return whole - thread, thread
 
     def log_tail(self, n: int = 6000) -> str:
         try:
@@ -707,6 +733,7 @@ class Load:
     stop_s: float
     rss: Sampler
     sustained: "Sustained | None" = None
+    form: str = "process"  # collector.flusher: its own process, or a thread of the receiver's
 
 
 @dataclass
@@ -745,6 +772,10 @@ def parse_args() -> argparse.Namespace:
                          "targets name); 0 skips the phase")
     ap.add_argument("--sustained-seconds", type=float, default=30.0,
                     help="duration of the sustained phase (default 30: a million spans at 50k/s)")
+    ap.add_argument("--flusher", default="process",
+                    help="collector.flusher forms to measure, one collector run each per size: process, thread, or "
+                         "process,thread (both, in the same run: the sidecar table says which line is which); "
+                         "default process")
     ap.add_argument("--peer-persist-timeout", type=float, default=120.0,
                     help="max seconds after the peer's load to wait for its spans to be persisted (default 120)")
     args = ap.parse_args()
@@ -754,6 +785,9 @@ def parse_args() -> argparse.Namespace:
         args.sizes = [float(x) for x in args.span_kb.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--span-kb takes sizes in KB separated by commas (1,5), not {args.span_kb!r}")
+    args.forms = [f.strip() for f in args.flusher.split(",") if f.strip()]
+    if not args.forms or any(f not in ("process", "thread") for f in args.forms) or len(set(args.forms)) < len(args.forms):
+        ap.error(f"--flusher takes process, thread or process,thread, not {args.flusher!r}")
     if args.no_grpc and args.transport != "http":
         ap.error("--no-grpc needs --transport http (the load's own transport stays on)")
     if args.sustained_rate < 0 or args.sustained_seconds <= 0:
@@ -794,15 +828,17 @@ def measure_raw(tmp: Path, templates: list[Template], seconds: float) -> tuple[d
     return raw1, raw8
 
 
-def measure_collector(tmp: Path, templates: list[Template], args: argparse.Namespace, procs: Processes) -> Load:
+def measure_collector(tmp: Path, templates: list[Template], args: argparse.Namespace, procs: Processes,
+                      form: str = "process") -> Load:
     """warm-up -> full load (closed loop) -> wait until Parquet has everything ->
-    half of the measured peak (open loop) -> wait -> SIGTERM."""
+    half of the measured peak (open loop) -> wait -> SIGTERM; the flusher as
+    `form` (collector.flusher)."""
     # senders forked now: before any thread (sampler, grpc, polars) exists
-    coll = procs.coll = Collector(tmp, args.flush_interval, grpc=not args.no_grpc)
+    coll = procs.coll = Collector(tmp, args.flush_interval, grpc=not args.no_grpc, form=form)
     port = coll.http_port if args.transport == "http" else coll.grpc_port
     senders = procs.senders = SenderPool(args.senders, args.transport, port, templates)
 
-    log("starting the collector" + ("" if coll.grpc else " (HTTP alone: --grpc off)"))
+    log(f"starting the collector (flusher: {form})" + ("" if coll.grpc else " (HTTP alone: --grpc off)"))
     coll.start()
     sampler = procs.sampler = Sampler(coll)
     sampler.start()
@@ -846,7 +882,7 @@ def measure_collector(tmp: Path, templates: list[Template], args: argparse.Names
     rc, stop_s = coll.stop()
     sampler.stop()
     return Load(warm, full, half, drain_full, drain_half, flushed_at_end, total_acked, m_end, rc, stop_s, sampler,
-                sustained)
+                sustained, form)
 
 
 @dataclass
@@ -938,7 +974,7 @@ def report_sustained_rate(rep: harness.Report, args: argparse.Namespace, load: L
     rss = load.rss.stats.get("sustained", RssStats())
     rss_mb = rss.max_sum * MB / 1e6
     rep.say()
-    rep.say(f"sustained at {fmt(args.sustained_rate)} spans/s ({args.senders} {args.transport} senders, open loop, "
+    rep.say(f"sustained at {fmt(args.sustained_rate)} spans/s, flusher as a {load.form} ({args.senders} {args.transport} senders, open loop, "
             f"{args.sustained_seconds:.0f} s; issue 28's targets{'; the collector on HTTP alone, --grpc off' if args.no_grpc else ''}):")
     rep.extend(phase_lines(ph))
     rep.say(f"  offered {fmt(sus.offered)} spans/s of the {fmt(args.sustained_rate)} asked (sends late by more than "
@@ -1059,7 +1095,8 @@ class Overload:
         return max(0, self.total_acked - self.stored.unique - self.stored.in_wal)
 
 
-def measure_overload(tmp: Path, templates: list[Template], args: argparse.Namespace, procs: Processes) -> Overload:
+def measure_overload(tmp: Path, templates: list[Template], args: argparse.Namespace, procs: Processes,
+                     form: str = "process") -> Overload:
     """A second collector, its WAL capped at --overload-cap MiB, under full load
     (closed loop): a fill phase takes the log to the cap, then the measured phase
     runs at it, the clients told 503 + Retry-After past it, as a sidecar whose
@@ -1068,7 +1105,7 @@ def measure_overload(tmp: Path, templates: list[Template], args: argparse.Namesp
     cap = int(args.overload_cap * MB)
     tmp.mkdir(parents=True, exist_ok=True)
     coll = procs.coll = Collector(tmp, args.flush_interval, {"NIGHTSHIFT_COLLECTOR_WAL_CAP_BYTES": str(cap)},
-                                  grpc=not args.no_grpc)
+                                  grpc=not args.no_grpc, form=form)
     port = coll.http_port if args.transport == "http" else coll.grpc_port
     # spawned, not forked: this process has threads by now (polars' pool)
     senders = procs.senders = SenderPool(args.senders, args.transport, port, templates, start_method="spawn",
@@ -1351,6 +1388,12 @@ class SizeRun:
     stored: Stored
     alone: dict
     over: Overload | None = None
+    form: str = "process"  # collector.flusher
+
+    @property
+    def label(self) -> str:
+        """The span size, and the flusher's form: the tables' first columns."""
+        return f"{f'~{self.kb:g} KB' if self.kb else '1-10 KB':>9} {self.form:>7}"
 
     @property
     def ok(self) -> bool:
@@ -1371,29 +1414,30 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
         rate = sustained[0].load.sustained.phase.target_rate
         rep.say(f"sidecar (receiver + flusher), per span size, sustained at {fmt(rate)} spans/s (open loop, "
                 f"{sustained[0].load.sustained.phase.elapsed:.0f} s; issue 28's targets):")
-        rep.say(f"  {'spans':>9} {'offered/s':>10} {'acknowledged/s':>15} {'to Parquet/s':>13} {'ratio':>6} "
-                f"{'backlog at end':>15} {'RSS MB':>7} {'anon MB':>8}   targets")
+        rep.say(f"  {'spans':>9} {'flusher':>7} {'offered/s':>10} {'acknowledged/s':>15} {'to Parquet/s':>13} {'ratio':>6} "
+                f"{'backlog at end':>15} {'ack p99 ms':>10} {'RSS MB':>7} {'anon MB':>8}   targets")
         for r in sustained:
             sus, st = r.load.sustained, r.load.rss.stats.get("sustained", RssStats())
             mb = st.max_sum * MB / 1e6
-            rep.say(f"  {f'~{r.kb:g} KB' if r.kb else '1-10 KB':>9} {fmt(sus.offered):>10} {fmt(sus.phase.rate):>15} "
-                    f"{fmt(sus.durable):>13} {sus.ratio:>6.2f} {fmt(sus.backlog_spans):>15} {mb:>7.0f} "
+            rep.say(f"  {r.label} {fmt(sus.offered):>10} {fmt(sus.phase.rate):>15} "
+                    f"{fmt(sus.durable):>13} {sus.ratio:>6.2f} {fmt(sus.backlog_spans):>15} "
+                    f"{pct(sus.phase.lat, 99):>10.1f} {mb:>7.0f} "
                     f"{st.max_anon_sum * MB / 1e6:>8.0f}   {T_SUSTAINED}: {T_SUSTAINED.verdict(sus.ratio)}; "
                     f"{T_RSS_MB}: {T_RSS_MB.verdict(mb)}{rss_note(sus.phase.rate)}; "
                     f"other cores busy {sus.phase.other_cpu / sus.phase.elapsed:.2f}")
-        rep.say("  (offered: what the senders, on this machine, got out; backlog: spans acknowledged and not yet in "
-                "Parquet when the phase ended)")
+        rep.say("  (flusher: collector.flusher, its own process or a thread of the receiver's, whose RSS is then the "
+                "whole sidecar's; offered: what the senders, on this machine, got out; backlog: spans acknowledged and "
+                "not yet in Parquet when the phase ended; ack p99: send -> 200/OK, the GIL's price in the thread form)")
     rep.say("sidecar under full load (closed loop: as fast as the receiver acknowledges; not the targets' load):")
-    rep.say(f"  {'spans':>9} {'acknowledged/s':>15} {'to Parquet/s':>13} {'ratio':>6} {'RSS MB':>7} {'anon MB':>8}   "
+    rep.say(f"  {'spans':>9} {'flusher':>7} {'acknowledged/s':>15} {'to Parquet/s':>13} {'ratio':>6} {'RSS MB':>7} {'anon MB':>8}   "
             "(full load)")
     for r in runs:
         full, ratio = r.load.full, r.fig.ratio(r.load.full)
-        size = f"~{r.kb:g} KB" if r.kb else "1-10 KB"
-        rep.say(f"  {size:>9} {fmt(full.rate):>15} {fmt(r.fig.sustained):>13} {ratio:>6.2f} {r.fig.rss_full_mb:>7.0f} "
+        rep.say(f"  {r.label} {fmt(full.rate):>15} {fmt(r.fig.sustained):>13} {ratio:>6.2f} {r.fig.rss_full_mb:>7.0f} "
                 f"{r.fig.anon_full_mb:>8.0f}   other cores busy {full.other_cpu / full.elapsed:.2f}")
     rep.say("  (anon: RSS less mapped files' pages, which the kernel shares and may drop; the target is on RSS)")
     rep.say("  the flusher alone, the contention-robust figure (a fresh process flushing a 100k-span segment):")
-    for r in runs:
+    for r in (r for r in runs if r.form == runs[0].form):  # once per size: the same fresh process for both forms
         a = r.alone
         rep.say(f"    {f'~{r.kb:g} KB' if r.kb else '1-10 KB'}: {1e5 * a['cpu'] / a['spans']:.2f} CPU-s per 100k spans "
                 f"({fmt(a['per_cpu'])} spans per CPU-second), peak RSS {a['peak_mib']:.0f} MiB "
@@ -1403,12 +1447,12 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
     if overs:
         rep.say(f"  under sustained overload (WAL capped at {overs[0].over.cap / MB:g} MiB, clients told 503 + Retry-After "
                 "past it): the throttled figures, beside the unthrottled ones above, NOT the target")
-        rep.say(f"  {'spans':>9} {'acknowledged/s':>15} {'to Parquet/s':>13} {'of unthrottled':>15} {'busy/s':>6} "
+        rep.say(f"  {'spans':>9} {'flusher':>7} {'acknowledged/s':>15} {'to Parquet/s':>13} {'of unthrottled':>15} {'busy/s':>6} "
                 f"{'backlog MiB':>12} {'lag s':>6} {'RSS MB':>7} {'anon MB':>8} {'lost/dup':>9}")
         for r in overs:
             o = r.over
             _, mean, peak = o.backlog_mib()
-            rep.say(f"  {f'~{r.kb:g} KB' if r.kb else '1-10 KB':>9} {fmt(o.phase.rate):>15} {fmt(o.durable):>13} "
+            rep.say(f"  {r.label} {fmt(o.phase.rate):>15} {fmt(o.durable):>13} "
                     f"{o.durable / r.load.full.rate:>15.2f} {o.phase.refused / o.phase.elapsed:>6.1f} "
                     f"{f'{mean:.0f}/{peak:.0f}':>12} {o.lag_max:>6.1f} {o.rss.max_sum * MB / 1e6:>7.0f} "
                     f"{o.rss.max_anon_sum * MB / 1e6:>8.0f} {f'{o.lost}/{o.stored.rows - o.stored.unique}':>9}")
@@ -1423,7 +1467,7 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
         # Senders on machines of their own (as agents are): the collector keeps every core but the receiver's.
         free = min(1.0, ncpu - r_cores)
         freed = min(1.0, r.fig.per_flusher_core * free / full.rate) if full.rate else float("nan")
-        rep.say(f"    {f'~{r.kb:g} KB' if r.kb else '1-10 KB'}: flusher {fmt(r.fig.per_flusher_core)} spans per "
+        rep.say(f"    {r.label.strip()}: flusher {fmt(r.fig.per_flusher_core)} spans per "
                 f"CPU-second ({1e5 / r.fig.per_flusher_core:.2f} CPU-s per 100k spans); on a core of its own "
                 f"{own:.2f} of the {fmt(full.rate)} acknowledged; with the senders' {s_cores:.2f} cores given back "
                 f"(receiver {r_cores:.2f} of {ncpu}, flusher {free:.2f}) {freed:.2f}   "
@@ -1431,8 +1475,10 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
     rep.say()
 
 
-def run_size(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float, procs: Processes) -> SizeRun:
-    """The whole measurement on spans of about `kb` KB, in a folder of its own."""
+def run_size(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float, procs: Processes) -> list[SizeRun]:
+    """The whole measurement on spans of about `kb` KB, in a folder of its own;
+    the collector's phases once per flusher form (`--flusher`), the raw loop,
+    the flusher alone and the codecs once."""
     rep.say()
     rep.say(f"=== spans of {f'about {kb:g} KB' if kb else '1-10 KB'} ===")
     tmp.mkdir()
@@ -1440,32 +1486,42 @@ def run_size(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float
     raw1, raw8 = measure_raw(tmp, templates, args.raw_seconds)
     log("the flusher alone: a fresh process flushes a 100k-span segment")
     alone = flusher_alone(tmp / "alone", templates)
-    load = measure_collector(tmp, templates, args, procs)
-    stored = count_stored(procs.coll)
-    procs.coll.kill()  # its log file closed; the process is gone already
-    procs.coll = procs.sampler = None
-    fig = figures(load, raw1)
     report_raw(rep, raw1, raw8)
     rep.say(f"flusher alone (a fresh process with the flusher's imports and allocator, one {alone['segment_mib']:.0f} MiB "
             f"segment of {alone['spans']:,} of these spans): {1e5 * alone['cpu'] / alone['spans']:.2f} CPU-s per 100k "
             f"spans = {fmt(alone['per_cpu'])} spans per CPU-second; RSS {alone['imports_mib']:.0f} MiB after its imports, "
             f"peak {alone['peak_mib']:.0f} MiB; {steady_line(alone)}")
     rep.say(f"  {parts_line(alone)}")
+    rep.say()
+    rep.say("Parquet codec trade-off (this run's spans converted once, written as the flusher writes them):")
+    rep.extend(parquet_tradeoff(templates), indent="  ")
+    return [run_form(args, rep, tmp, kb, procs, templates, raw1, raw8, alone, form) for form in args.forms]
+
+
+def run_form(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float, procs: Processes,
+             templates: list[Template], raw1: dict, raw8: dict, alone: dict, form: str) -> SizeRun:
+    """The collector's phases with the flusher as `form`, in a folder of their own."""
+    rep.say()
+    rep.say(f"--- spans of {f'about {kb:g} KB' if kb else '1-10 KB'}, the flusher as a {form} (collector.flusher) ---")
+    tmp = tmp / f"flusher-{form}"
+    tmp.mkdir()
+    load = measure_collector(tmp, templates, args, procs, form)
+    stored = count_stored(procs.coll)
+    procs.coll.kill()  # its log file closed; the process is gone already
+    procs.coll = procs.sampler = None
+    fig = figures(load, raw1)
     report_full(rep, args, load, fig, raw8)
     report_sustained(rep, args, load, fig)
     report_half(rep, args, load, fig)
     report_sustained_rate(rep, args, load)
     report_memory(rep, load, fig)
     report_verification(rep, load, stored)
-    rep.say()
-    rep.say("Parquet codec trade-off (this run's spans converted once, written as the flusher writes them):")
-    rep.extend(parquet_tradeoff(templates), indent="  ")
     over = None
-    if args.overload_cap:
-        over = measure_overload(tmp / "overload", templates, args, procs)
+    if args.overload_cap and form == args.forms[0]:  # once per size: its figures are the WAL cap's, not the form's
+        over = measure_overload(tmp / "overload", templates, args, procs, form)
         report_overload(rep, args, over, load)
     report_summary(rep, load, fig, stored)
-    return SizeRun(kb, templates, load, fig, stored, alone, over)
+    return SizeRun(kb, templates, load, fig, stored, alone, over, form)
 
 
 def main() -> int:
@@ -1476,7 +1532,7 @@ def main() -> int:
     with harness.sigterm_as_interrupt(), harness.temp_dir("nightshift-bench-", args.dir, args.keep) as tmp:
         try:
             rep.say(f"temp dir: {tmp} ({fs_of(tmp)})")
-            runs = [run_size(args, rep, tmp / f"spans-{kb:g}kb", kb, procs) for kb in args.sizes]
+            runs = [r for kb in args.sizes for r in run_size(args, rep, tmp / f"spans-{kb:g}kb", kb, procs)]
             report_sidecar(rep, runs)
             last = runs[-1]
             peer = measure_peer(args, last.templates)
