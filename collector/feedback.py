@@ -15,7 +15,6 @@ that resends the same label gets it stored once.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import math
@@ -184,6 +183,8 @@ def normalize(item: Any, default_name: str = DEFAULT_NAME,
     unknown = [k for k in item if k not in FIELDS]
     if unknown:
         k = unknown[0]
+        import difflib  # here: only a label with an unknown field needs it
+
         close = [_ALIASES[k]] if k in _ALIASES else difflib.get_close_matches(str(k), FIELDS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(FIELDS)})"
         name = str(k).encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")

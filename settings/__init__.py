@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import ipaddress
 import json
 import os
 import re
 import typing
 from typing import Any, Callable
-
-import yaml
 
 SHARED = ("data",)
 
@@ -192,6 +189,8 @@ def listen_address_or_off(value: str) -> str:
 
 def _suggest(name: str, known) -> str:
     """` (did you mean 'route'?)` when `name` looks like a typo of a known name."""
+    import difflib  # here: a collector that starts without a typo never needs it
+
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -396,6 +395,8 @@ def load(cls: type, section: str, config_file: str | None = None, flags: dict | 
 def read_file(config_file: str) -> dict:
     """The YAML settings file as a mapping, or a SettingsError naming the file and
     what is wrong with it (unreadable, not UTF-8, not YAML, not a mapping)."""
+    import yaml  # here: a sidecar configured by flags and environment alone never pays its 1 MiB
+
     try:
         with open(config_file, "rb") as fh:
             raw = fh.read()

@@ -93,3 +93,16 @@ def test_thread_form_killed_mid_flush_loses_nothing_and_stores_nothing_twice(col
     assert len(stored) == len(set(stored)), "a span is stored twice"
     assert sorted(stored) == sorted([i for _, ids in reqs for i in ids] + more_ids)
     assert not list(c.wal.glob("*.sealed"))
+
+
+def test_the_receiver_imports_no_yaml_or_difflib():
+    """The settings' YAML reader and typo suggestions are loaded when used, not by
+    every process that imports a config (the one-process sidecar's 1.2 MiB)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nightshift.collector.server, nightshift.collector.flusher; "
+            "print(sorted(m for m in ('yaml', 'difflib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
