@@ -33,8 +33,10 @@ def _load(port: int, stop: threading.Event, acked: list, refused: list, use_grpc
 
 
 @pytest.mark.slow
-def test_kill9_under_load_loses_no_acknowledged_span(collector_factory):
-    c = collector_factory()
+@pytest.mark.parametrize("form", ["process", "thread"])  # collector.flusher: the thread dies with the receiver
+def test_kill9_under_load_loses_no_acknowledged_span(collector_factory, form):
+    env = {"NIGHTSHIFT_COLLECTOR_FLUSHER": form}
+    c = collector_factory(env=env)
     c.start()
     acked: list = []
     refused: list = []
@@ -50,8 +52,9 @@ def test_kill9_under_load_loses_no_acknowledged_span(collector_factory):
         for t in senders:
             t.join()
         # Restart on the same WAL and data: recovery replays what was acknowledged.
-        c = collector_factory(grpc_port=c.grpc_port, http_port=c.http_port)
+        c = collector_factory(grpc_port=c.grpc_port, http_port=c.http_port, env=env)
         c.start()
+    assert c.health()["flusher"] == form
     assert c.stop() == 0
     spans = read_spans(c.data)
     stored = list(zip(spans["trace_id"], spans["span_id"]))
