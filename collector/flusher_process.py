@@ -144,7 +144,7 @@ def child_environment(environ) -> dict[str, str]:
 UNUSED = ("pandas", "pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "pyarrow._hdfs")
 
 
-class _Unused(importlib.abc.MetaPathFinder):
+class Unused(importlib.abc.MetaPathFinder):
     """Makes importing `UNUSED` fail as if they were not installed (a None in
     sys.modules is not enough: Cython's import takes it for the module)."""
 
@@ -155,7 +155,7 @@ class _Unused(importlib.abc.MetaPathFinder):
 
 
 def main(argv: list[str]) -> int:
-    sys.meta_path.insert(0, _Unused())  # see the module's docstring
+    sys.meta_path.insert(0, Unused())  # see the module's docstring
     settings = json.loads(argv[1])
     from nightshift.settings import logs
 

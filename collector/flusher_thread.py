@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 
-from .flusher_process import UNUSED, SharedStats, StopSignal, _Unused, child_environment
+from .flusher_process import UNUSED, SharedStats, StopSignal, Unused, child_environment
 
 log = logging.getLogger("nightshift.collector.flusher")
 
@@ -32,8 +32,8 @@ def prepare_process() -> None:
     `server.run` calls it: a process that is the collector and nothing else (a
     test or a library user of `Collector` may well want pandas)."""
     os.environ.update(child_environment(os.environ))
-    if not any(isinstance(f, _Unused) for f in sys.meta_path) and not any(m in sys.modules for m in UNUSED):
-        sys.meta_path.insert(0, _Unused())
+    if not any(isinstance(f, Unused) for f in sys.meta_path) and not any(m in sys.modules for m in UNUSED):
+        sys.meta_path.insert(0, Unused())
 
 
 class FlusherThread:
