@@ -151,7 +151,7 @@ import json, sys, time
 from pathlib import Path
 import numpy as np
 from nightshift.collector import flusher_process
-sys.meta_path.insert(0, flusher_process._Unused())
+sys.meta_path.insert(0, flusher_process.Unused())
 from nightshift.collector.config import CollectorConfig
 from nightshift.collector.datasets import DatasetStore
 from nightshift.collector.flusher import _release, flush_segment

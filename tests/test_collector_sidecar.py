@@ -83,7 +83,7 @@ def test_the_flusher_process_imports_neither_polars_nor_pandas_nor_grpc():
     """Polars (28 MiB), pandas (36 MiB, pulled by pyarrow's list conversion) and gRPC
     are paid in every pod for nothing the flusher does."""
     code = ("import sys\nfrom nightshift.collector import flusher_process as fp\n"
-            "sys.meta_path.insert(0, fp._Unused())\n"
+            "sys.meta_path.insert(0, fp.Unused())\n"
             "from nightshift.collector import flusher\nimport pyarrow as pa\npa.array([[1], [2]])")
     assert _imported(code) == ["pyarrow", "numpy"]
 
@@ -93,7 +93,7 @@ def test_the_flusher_process_loads_none_of_arrows_own_object_store_filesystems(t
     can (libarrow_s3: 3.2 MiB of the flusher's RSS); the flusher writes through os
     calls or fsspec and reads local files by path, which still works without them."""
     code = ("import sys\nfrom nightshift.collector import flusher_process as fp\n"
-            "sys.meta_path.insert(0, fp._Unused())\n"
+            "sys.meta_path.insert(0, fp.Unused())\n"
             "from nightshift.collector import flusher\nimport pyarrow as pa, pyarrow.parquet as pq\n"
             f"pq.write_table(pa.table({{'a': [1]}}), {str(tmp_path / 'a.parquet')!r})\n"
             f"assert pq.read_table({str(tmp_path / 'a.parquet')!r}).num_rows == 1\n"
