@@ -1,8 +1,9 @@
 """The flusher as a thread of the receiver's process (`collector.flusher: thread`).
 
-The process form pays for a second interpreter: the flusher's imports beside the
-receiver's were 31 + 80 MiB, both in one process 87 (issue 28: the runtime and
-the shared modules once, not twice). The price is the GIL: the flush's Python
+The process form pays for a second interpreter: idle with gRPC, receiver and
+flusher were 54 + 76 MiB, both in one process 101 (the runtime and the shared
+libraries once, not twice); under a sustained 50k spans/s the one process was
+18-32 MB smaller (benchmarks/RESULTS.md, sidecar7). The price is the GIL: the flush's Python
 parts (the WAL's reads, ptars' conversion, ~0.45 s per 100k 1 KB spans) run
 between the receiver's acks, while the Parquet encode and the writes release it.
 Same loop, same WAL, same files, same dedup as the process form
