@@ -146,7 +146,7 @@ def _trim(segment: Path, directory: Path) -> None:
 
 def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, parent_pid: int | None,
         poll_s: float = 0.2, log_level: int = logging.INFO, dedup_window: float | None = None, dedup_memory: int = 0,
-        compression: str = "") -> None:
+        compression: str = "", chunk_bytes: int = 0) -> None:
     """The flusher's loop. Exits when `stop` is set and no sealed segment is left,
     or when the collector that started it is gone (a restart takes over).
     `parent_pid` None: run as a thread of the collector (no process of its own to
@@ -189,7 +189,7 @@ def run(wal_dir: str, data_url: str, storage_options: dict | None, stop, stats, 
                         compression=compression,
                         exclude_batches=lambda: {batch_of(p, instance) for p in wal.sealed_segments(directory)},
                     )
-                res = flush_segment(seg, store, instance=instance)
+                res = flush_segment(seg, store, chunk_bytes=chunk_bytes or CHUNK_BYTES, instance=instance)
                 failpoints.hit("flusher.after_commit")  # Parquet durable, segment not yet trimmed
                 _trim(seg, directory)
             except Exception as e:  # noqa: BLE001 - the segment stays; retried with backoff

@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
     run(settings["wal_dir"], settings["data"], settings["storage_options"], StopSignal(settings["stop_fd"]),
         SharedStats(settings["stats_fd"]), settings["parent_pid"], log_level=settings["log_level"],
         dedup_window=settings["dedup_window"], dedup_memory=settings.get("dedup_memory", 0),
-        compression=settings.get("compression", ""))
+        compression=settings.get("compression", ""), chunk_bytes=settings.get("chunk_bytes", 0))
     return 0
 
 

@@ -59,7 +59,7 @@ class FlusherThread:
         try:
             run(s["wal_dir"], s["data"], s["storage_options"], self._stop, self._stats, None,
                 log_level=s["log_level"], dedup_window=s["dedup_window"], dedup_memory=s.get("dedup_memory", 0),
-                compression=s.get("compression", ""))
+                compression=s.get("compression", ""), chunk_bytes=s.get("chunk_bytes", 0))
             self.exitcode = 0
         except BaseException:  # noqa: BLE001 - the watchdog restarts it, as it restarts a process that died
             log.exception("flusher thread failed")

@@ -65,7 +65,8 @@ class Collector:
         which a log pipeline reads as one stream."""
         settings = {"wal_dir": str(self.wal_dir), "data": self.cfg.data, "storage_options": self.cfg.storage_options,
                     "dedup_window": self.cfg.dedup_window, "dedup_memory": self.cfg.dedup_memory,
-                    "compression": self.cfg.compression, "log_level": logging.getLogger().level,
+                    "compression": self.cfg.compression, "chunk_bytes": self.cfg.flush_chunk_bytes,
+                    "log_level": logging.getLogger().level,
                     "log_format": logs.current()}
         if self.cfg.flusher == "thread":
             self._flusher = flusher_thread.FlusherThread(settings, self._stats, self._flusher_stop)

@@ -106,3 +106,19 @@ def test_the_receiver_imports_no_yaml_or_difflib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("form", ["process", "thread"])
+def test_flush_chunk_bytes_reaches_the_flusher(collector_factory, form):
+    """`collector.flush_chunk_bytes` is the flusher's chunk in either form: eight
+    40 KB requests at 64 KiB chunks are several row groups (4 MiB: one a file)."""
+    import pyarrow.parquet as pq
+
+    c = collector_factory(env={"NIGHTSHIFT_COLLECTOR_FLUSHER": form,
+                               "NIGHTSHIFT_COLLECTOR_FLUSH_CHUNK_BYTES": "64KiB"}).start()
+    reqs = [make_request(40, content="c" * 900) for _ in range(8)]
+    _send(c, [r.SerializeToString() for r, _ in reqs])
+    assert c.stop() == 0
+    files = list((c.data / "spans").rglob("*.parquet"))
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in files) == 8 * 40
+    assert max(pq.ParquetFile(p).metadata.num_row_groups for p in files) >= 2
