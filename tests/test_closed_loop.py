@@ -40,7 +40,7 @@ def test_the_agent_gets_better_after_one_nightly_cycle(tmp_path, world_policy):
     # episodes are held out depends on the random trace ids); a blocked night leaves it
     # where it was. Without sft's anchor, 2 of 4 runs on 2026-11-26 were blocked for
     # breaking the output format after tool errors (no rewarded row follows one); with it
-    # (trainer/algorithms/sft.py) three runs read 42 -> 76, 75 and 75 %.
+    # (trainer/algorithms/sft.py) four runs read 42 -> 76, 75, 75 and 76 %.
     print(f"success before {before}%, after {after}%")
     report = (tmp_path / "data" / "checkpoints" / "reports" / "latest.md").read_text()
     assert after - before >= 8, (before, after, report[-2000:], p.stdout[-3000:])
