@@ -82,3 +82,19 @@ def test_ray_cpu_seconds_read_from_the_summary(bench):
     lines = bench._cpu_lines([(1, run("16.0 s", 7.0)), (2, run("8.0 s, 8.0 s", 7.0))])
     assert f"{23 / 15:.2f}x (target >= 1.7x one worker) [NOT met]" in lines[2]
     assert f"{17 / 9:.2f}x without the driver's fixed start-up" in lines[2]
+
+
+def test_each_ray_round_is_compared_between_the_worker_counts(bench):
+    """The Ray part's rounds of one worker count against the other's, read back from
+    each build's `time:` line, so a quiet re-measure says which round (the split, the
+    buckets, the dates) or the driver alone keeps 2 workers from 2x."""
+    def run(wall: float, split: float, buckets: float, partitions: float):
+        return bench.BuildRun([], wall=wall, stdout=f"time: split {split} s, buckets {buckets} s, advantages 0.5 s, "
+                                                    f"partitions {partitions} s (the buckets' own work: 40.0 s; "
+                                                    "the driver's CPU: 1.6 s)")
+
+    (line,) = bench._round_lines([(1, run(80.0, 20.0, 45.0, 10.0)), (2, run(50.0, 10.0, 25.0, 8.0))])
+    assert "split 20.0 -> 10.0 (2.00x)" in line and "buckets 45.0 -> 25.0 (1.80x)" in line
+    assert "partitions 10.0 -> 8.0 (1.25x)" in line
+    assert line.endswith("the driver alone (start-up, advantages, commit, stop) 5.0 -> 7.0")
+    assert bench._round_lines([(1, run(80.0, 20.0, 45.0, 10.0))]) == []  # one count: nothing to compare
