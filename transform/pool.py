@@ -45,24 +45,17 @@ def slim(t: pl.DataFrame) -> pl.DataFrame:
                     pl.col("group_id").str.to_integer(base=16, dtype=pl.UInt64), "return", "weight")
 
 
-def with_advantages(df: pl.DataFrame, adv: pl.DataFrame) -> pa.Table:
-    """`df`'s rows, in their order, with the advantages of `adv` (by id). A kept
-    partition of an older schema version gains the newer columns, null."""
-    df = (df.drop("advantage", strict=False).with_columns(*id_parts())
-          .join(adv, on=list(ID), how="left", maintain_order="left"))
-    df = df.with_columns([pl.lit(None).alias(f.name) for f in _ROW_SCHEMA if f.name not in df.columns])
-    return df.select([f.name for f in _ROW_SCHEMA]).to_arrow().cast(_ROW_SCHEMA)
-
-
 def add_advantages(t: pa.Table, adv: pl.DataFrame) -> pa.Table:
-    """`with_advantages` of a frame's spilled rows read as Arrow: only the ids go
-    through Polars (the join), not the prompts and token ids, which were converted to
-    Polars and back again for each of the window's rows (about 0.6 ms per thousand)."""
+    """`t`'s rows, in their order, with the advantages of `adv` (by id): a frame's
+    spilled rows, or a kept partition's row group. Only the ids go through Polars (the
+    join), not the prompts and token ids, which a Polars copy of this converted to
+    Polars and back again (about 0.6 ms per thousand rows). A kept partition of an
+    older schema version gains the newer columns, null."""
     ids = pl.from_arrow(t.select(["transition_id"])).with_columns(*id_parts()).join(
         adv, on=list(ID), how="left", maintain_order="left")
     t = t.drop_columns([c for c in ("advantage",) if c in t.column_names])
     t = t.append_column("advantage", ids["advantage"].to_arrow())
-    for f in _ROW_SCHEMA:  # (a spilled frame lacks only the advantage)
+    for f in _ROW_SCHEMA:  # a spilled frame lacks only the advantage; an older partition, what later versions added
         if f.name not in t.column_names:
             t = t.append_column(f.name, pa.nulls(t.num_rows, f.type))
     return t.select([f.name for f in _ROW_SCHEMA]).cast(_ROW_SCHEMA)
@@ -100,12 +93,12 @@ def rewrite(fs, out_root: str, date: str, adv: pl.DataFrame) -> int:
     if not output.is_local(fs):  # the new file replaces the old in place: read the old first
         with fs.open(path, "rb") as fh:
             whole = pq.read_table(fh)
-        return output.write_partition(fs, out_root, date, [with_advantages(pl.from_arrow(whole), adv)])
+        return output.write_partition(fs, out_root, date, [add_advantages(whole, adv)])
 
     def tables() -> Iterator[pa.Table]:  # locally the new is written beside the old: stream it
         with fs.open(path, "rb") as fh:
             pf = pq.ParquetFile(fh)
             for g in range(pf.num_row_groups):
-                yield with_advantages(pl.from_arrow(pf.read_row_group(g)), adv)
+                yield add_advantages(pf.read_row_group(g), adv)
 
     return output.write_partition(fs, out_root, date, tables())
