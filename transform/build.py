@@ -237,20 +237,11 @@ def _feedback_files(fs, root: str) -> dict[str, str]:
             for n, st in files.items()}
 
 
-def _uncompressed(fs, path: str) -> int:
-    """Bytes the columns the build reads take once decompressed (Parquet's own
-    count), which is what sizes the buckets: compressed sizes say little, prompts
-    and token ids compress five to ten times. 0 for a file whose footer cannot be
-    read: reading it names it (`_row_groups`)."""
-    try:
-        with fs.open(path, "rb") as fh:
-            return _uncompressed_md(pq.ParquetFile(fh).metadata)
-    except (pa.ArrowException, OSError):
-        return 0
-
-
 def _uncompressed_md(md: pq.FileMetaData, group: int | None = None) -> int:
-    """Of the whole file, or of one row group."""
+    """Bytes the columns the build reads take once decompressed (Parquet's own
+    count), of the whole file or of one row group: what sizes the buckets and the
+    split's runs. Compressed sizes say little: prompts and token ids compress five
+    to ten times."""
     wanted = set(SPAN_COLUMNS)
     total = 0
     for g in range(md.num_row_groups) if group is None else (group,):
@@ -597,26 +588,56 @@ def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], 
     return {b: p for b, p in enumerate(spans) if p}, {b: p for b, p in enumerate(logs) if p}, bad
 
 
-def _cut(fs, sources: list[_Source], n: int) -> list[list[_Source]]:
+#: Footers read at once (`group_bytes`): on S3 each is a round trip or two
+FOOTER_READS = 16
+
+
+def group_bytes(fs, paths: Iterable[str]) -> dict[str, list[int] | None]:
+    """Each span file's row groups' bytes (`_uncompressed_md`; None: its footer cannot
+    be read, and reading the file reports it), the footers read concurrently. The
+    driver sizes the buckets and cuts the split's runs from them before any task
+    starts: on S3 a footer is a request or two (the size, then the tail), so a
+    window of a thousand files read one after another kept the cluster waiting
+    minutes, and each file's was read twice (the sizing, then the cut). Sizes, not
+    the footers: a week of files' footers, every column's statistics, held in the
+    driver for the build's whole life."""
+
+    def one(path: str) -> list[int] | None:
+        try:
+            with fs.open(path, "rb") as fh:
+                md = pq.ParquetFile(fh).metadata
+        except (pa.ArrowException, OSError):
+            return None
+        return [_uncompressed_md(md, g) for g in range(md.num_row_groups)]
+
+    unique = list(dict.fromkeys(paths))
+    if len(unique) < 2:
+        return {p: one(p) for p in unique}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(FOOTER_READS, len(unique)), thread_name_prefix="footer") as pool_:
+        return dict(zip(unique, pool_.map(one, unique)))
+
+
+def _cut(fs, sources: list[_Source], n: int, sizes: dict[str, list[int] | None] | None = None) -> list[list[_Source]]:
     """The span files as `n` contiguous runs of about the same bytes (the columns the
     build reads, decompressed: what a split task's time follows), cut between row
     groups where a run ends inside a file (`distributed.balance`): runs of equal file
     count left one Ray worker idle for the last eighth of the benchmark's split, and
     three files for four tasks one for a third of it. The rows reach each bucket in
     the same order: runs are read back in order. A file whose footer cannot be read
-    stays whole, to be reported once."""
+    stays whole, to be reported once. `sizes`: `group_bytes`, read already."""
+    sizes = group_bytes(fs, (src.path for src in sources)) if sizes is None else sizes
     units: list[tuple[int, int | None, int]] = []  # (file, its row group or None: the whole file, bytes)
     groups: dict[int, int] = {}
     for i, src in enumerate(sources):
-        try:
-            with fs.open(src.path, "rb") as fh:
-                md = pq.ParquetFile(fh).metadata
-        except (pa.ArrowException, OSError):
+        per = sizes.get(src.path)
+        if per is None:
             units.append((i, None, 0))
             continue
-        groups[i] = md.num_row_groups
-        lo, hi = src.groups or (0, md.num_row_groups)
-        units += [(i, g, _uncompressed_md(md, g)) for g in range(lo, hi)] or [(i, None, 0)]
+        groups[i] = len(per)
+        lo, hi = src.groups or (0, len(per))
+        units += [(i, g, per[g]) for g in range(lo, hi)] or [(i, None, 0)]
     runs = []
     for a, b in distributed.balance([w for _, _, w in units], n):
         taken: dict[int, list[int | None]] = {}  # file -> its row groups in this run, in order
@@ -1203,7 +1224,8 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
         except ValueError as e:
             raise BuildError(str(e)) from None
     shared = _Shared(cfg, now_ns, since, until, _labels(feedback), pl.DataFrame(), dates, plan is not None)
-    total = sum(_uncompressed(fs, src.path) for src in reads)  # of what this build reads, not of every date
+    sizes = group_bytes(fs, (src.path for src in reads))  # each footer once, all at once: the cut uses them too
+    total = sum(sum(sizes[src.path] or ()) for src in reads)  # of what this build reads, not of every date
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)), cfg.build.buckets)
     if cfg.trajectory in ("conversation", "linked") and buckets > 1:
         log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
@@ -1231,7 +1253,7 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             bar.set_description("split")
             # files in contiguous runs, one task each: the pieces, read in run order, keep the files' order
             n = 2 * engine.cpus if engine.remote else 1
-            runs, log_runs = _cut(fs, reads, n) if engine.remote else _runs(reads, n), _runs(logs, n)
+            runs, log_runs = _cut(fs, reads, n, sizes) if engine.remote else _runs(reads, n), _runs(logs, n)
             pieces: dict[int, list[str]] = defaultdict(list)
             log_pieces: dict[int, list[str]] = defaultdict(list)
             for got, got_logs, bad in _engine_run(engine, split_files, [
