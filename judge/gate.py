@@ -7,7 +7,7 @@ on held-out trajectories (split off by a stable hash: neither model trained on
 them), both models side by side:
 
 - ranking: over pairs of held-out calls in the same or a similar state (the
-  same agent, the same turn structure) where one was rewarded more than the
+  same agent, the same turn structure, the same side of a tool error) where one was rewarded more than the
   other, how often did the candidate raise the better action's likelihood more
   than the worse one's, relative to the serving model (log π_cand − log π_pub:
   DPO's implicit reward)? The serving model scores 50 % by construction; the
@@ -143,12 +143,17 @@ class GateDecision:
 # --- held-out data ----------------------------------------------------------------------
 
 
-def state_key(row: dict) -> tuple:
+def state_key(row: dict, errored: bool = False) -> tuple:
     """Calls in 'the same or a similar state': the same agent at the same point of
-    the same kind of conversation (roles in order, tools already called)."""
+    the same kind of conversation (roles in order, tools already called), and on
+    the same side of a tool error (`errored`: an earlier call of its trajectory
+    came back as one). Without that bit a call after an error was paired with a
+    call after a success that has the same turns: two states, where the
+    comparison of likelihood changes says little, and where sft's anchor moves
+    one on purpose (it read 0.79 against 1.0 without the anchor on one candidate)."""
     shape = tuple((m.get("role"), tuple(tc.get("name") for tc in m.get("tool_calls") or []))
                   for m in row.get("input_messages") or [])
-    return (row.get("agent_name") or "", shape)
+    return (row.get("agent_name") or "", shape, errored)
 
 
 def well_formed(row: dict, fallback: list[dict] | None = None) -> bool:
@@ -168,12 +173,15 @@ def well_formed(row: dict, fallback: list[dict] | None = None) -> bool:
 
 
 def ranking_pairs(examples: list, max_pairs: int, fallback: list[dict] | None = None) -> list[tuple[int, int]]:
-    """(better, worse) index pairs of well-formed actions within a state key,
+    """(better, worse) index pairs of well-formed actions within a state key (a
+    tool error read from the transform's flags on the examples' own trajectories),
     rewards differing; a deterministic sample of at most `max_pairs`."""
+    from nightshift.trainer.algorithms.sft import after_tool_error
+
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, e in enumerate(examples):
+    for i, (e, errored) in enumerate(zip(examples, after_tool_error(examples))):
         if e.row.get("reward") is not None and math.isfinite(e.row["reward"]) and well_formed(e.row, fallback):
-            groups[state_key(e.row)].append(i)
+            groups[state_key(e.row, errored)].append(i)
     pairs = [(a, b) if examples[a].row["reward"] > examples[b].row["reward"] else (b, a)
              for idx in groups.values() for k, a in enumerate(idx) for b in idx[k + 1:]
              if examples[a].row["reward"] != examples[b].row["reward"]]
