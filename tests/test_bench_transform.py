@@ -98,3 +98,21 @@ def test_each_ray_round_is_compared_between_the_worker_counts(bench):
     assert "partitions 10.0 -> 8.0 (1.25x)" in line
     assert line.endswith("the driver alone (start-up, advantages, commit, stop) 5.0 -> 7.0")
     assert bench._round_lines([(1, run(80.0, 20.0, 45.0, 10.0))]) == []  # one count: nothing to compare
+
+
+def test_the_ray_title_gives_the_buckets_the_build_made(bench):
+    """--build-buckets is a floor: the memory budget made 67 buckets of the 1M benchmark
+    while the title said 8. The title gives what each build's summary says, and a
+    difference between the worker counts (not the same work) is said."""
+    from types import SimpleNamespace
+
+    def run(wall: float, buckets: int):
+        return bench.BuildRun([], rc=0, wall=wall, stdout=f"transitions: 625000 rows from 125000 trajectories "
+                                                          f"(1000000 spans, {wall} s, {buckets} bucket(s))")
+
+    p, args = SimpleNamespace(total_spans=1_000_000), SimpleNamespace(buckets=0, worker_counts=[1, 2])
+    out = bench.ray_lines(p, args, [(1, run(80.0, 67)), (2, run(49.0, 67))])
+    assert "--build-buckets 8, at least that many buckets; the build made 67," in out[1]
+    assert not any("not the same work" in x for x in out)
+    out = bench.ray_lines(p, args, [(1, run(80.0, 67)), (2, run(49.0, 70))])
+    assert "the build made 67 and 70" in out[1] and "not the same work" in out[2]
