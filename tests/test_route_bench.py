@@ -1,0 +1,100 @@
+"""benchmarks/route.py's harness: what it keeps out of the p99 it reports (the
+stand-in's own stalls) and what it prints to say what set a run's p99 (each
+round's added p99, bursts of slow first bytes, a pinned phase). The route
+target's verdict rests on these, so they are tested like the proxy is: no
+timing is asserted, only what the harness computes from the times it is given."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from test_bench_harness import _load
+
+route = _load("route")
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _next_tick(steady: bool, now: float) -> tuple[str, float]:
+    """The call the stand-in makes for event 1 after sending event 0 at loop time
+    `now`, its request having come at loop time 100."""
+    calls = []
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_at = lambda when, *a: calls.append(("at", when))
+        loop.call_later = lambda delay, *a: calls.append(("later", delay))
+        loop.time = lambda: now
+        stub = route.Stub()
+        stub.t, stub.steady, stub.pace = _Transport(), steady, 0.025
+        stub.tick([b"e0", b"e1", b"e2"], 0, 100.0)
+        assert stub.t.sent == [b"e0"]
+
+    asyncio.run(go())
+    return calls[0]
+
+
+def test_a_stalled_stand_in_sends_its_next_event_on_the_clock_not_a_pace_after_the_stall():
+    """The stand-in ran 80 ms late (a collection, a wait for a core): event 1 is still
+    due at request + 2 paces. Before, it was due a pace after the late send, so each
+    stall moved every later event of every stream in flight, direct or proxied, and
+    the total p99 measured the stand-in."""
+    assert _next_tick(True, 100.105) == ("at", pytest.approx(100.05))
+    assert _next_tick(False, 100.105) == ("later", 0.025)  # --harness drifting: as before, to compare
+
+
+def test_bursts_tell_one_stall_from_independent_waits():
+    fast = [(0.025, 0.5, False, i * 0.010) for i in range(990)]
+    stall = [(0.040, 0.5, False, 5.0 + i * 0.0001) for i in range(10)]  # ten first bytes held by one stall
+    assert route.bursts(fast + stall) == (10, 1, 10)
+    spread = [(0.040, 0.5, False, i * 0.5) for i in range(10)]  # ten slow ones, each on its own
+    assert route.bursts(fast + spread) == (10, 10, 1)
+
+
+def test_each_round_is_compared_with_its_own_direct_phase():
+    """A run's pooled p99 mixes rounds; the per-round line shows a round whose direct
+    phase alone moved (round 2: direct 30 ms, proxied 31 ms) apart from the proxy."""
+    def xs(ttfb: float) -> list:
+        return [(ttfb, 0.5, False, 0.001 * i) for i in range(100)]
+
+    m = route.Measured([*xs(0.010), *xs(0.030)], 2.0, [route.Proxied("proxied", [*xs(0.011), *xs(0.031)], secs=2.0)],
+                       phases=[route.Phase("direct", 0, 100, 1.0, stub=0.1, gen=0.2),
+                               route.Phase("proxied", 0, 100, 1.0, 0.3, 0.1, 0.1, 0.2),
+                               route.Phase("direct", 1, 100, 1.0, stub=0.1, gen=0.2),
+                               route.Phase("proxied", 1, 100, 1.0, 0.3, 0.1, 0.1, 0.2)])
+    assert [len(r) for r in route.by_round(m, "proxied")] == [100, 100]
+    lines = route.spread(argparse.Namespace(), m, "")
+    assert lines[0].endswith("against the same round's direct phase): +1.00 / +0.00, +1.00 / +0.00")
+    assert "proxied phases: proxy 0.40 (user 0.30, system 0.10), stub 0.10, load generator 0.20" in lines[1]
+
+
+def test_pinning_puts_the_proxy_alone_on_the_last_cpu_and_undoes_it():
+    cpus = sorted(psutil.Process().cpu_affinity())
+    if len(cpus) < 2:
+        pytest.skip("one CPU: --pin refuses to run there")  # not counted as passing: it checks nothing
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        stub, proxy = (psutil.Process(p.pid) for p in procs)
+        route.pin([stub, proxy], [proxy], cpus, True)
+        assert (stub.cpu_affinity(), proxy.cpu_affinity()) == (cpus[:-1], cpus[-1:])
+        route.pin([stub, proxy], [proxy], cpus, False)
+        assert stub.cpu_affinity() == proxy.cpu_affinity() == cpus
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
