@@ -98,3 +98,15 @@ def test_pinning_puts_the_proxy_alone_on_the_last_cpu_and_undoes_it():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_resampled_interval_says_when_one_run_cannot_be_a_verdict():
+    """A steady 5 ms added reads 5 ms in every resample; a run whose direct side had
+    one stall in one half-second (its slowest 1 % all in it) reads an interval that
+    straddles the target, so it is no verdict either way."""
+    direct = [(0.010, 0.5, False, i * 0.01) for i in range(2000)]
+    assert route.resampled(direct, [(0.015, 0.5, False, t) for _, _, _, t in direct]) == (pytest.approx(5.0),
+                                                                                        pytest.approx(5.0))
+    stalled = [(0.030 if 10.0 <= t < 10.5 else 0.010, 0.5, False, t) for _, _, _, t in direct]
+    lo, hi = route.resampled(stalled, [(0.014, 0.5, False, t) for _, _, _, t in direct])
+    assert lo < 2.0 < hi
