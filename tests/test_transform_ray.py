@@ -248,3 +248,44 @@ def test_a_spread_rounds_processes_are_started_and_warm_before_it(tmp_path, clus
         engine.prestart("netrc", 2)  # two jobs on two CPUs: the warm workers, nothing to start
         assert engine._warming is None
     assert warm == [True, True, True]
+
+
+def test_scratch_a_task_is_done_with_is_removed_while_the_others_run(tmp_path, cluster, monkeypatch):
+    """A bucket's split pieces go as its task's result comes in, a date's spilled rows
+    as its partition is staged (`Engine.run(each=...)`): left to the end, the 1M
+    benchmark's took the driver alone 3 s to remove after the last task, and held
+    the window's size again on disk until then. What a task is done with is never
+    read again (a task done is not retried): the rows are those of one process."""
+    import glob
+
+    from nightshift.transform import distributed
+    from nightshift.transform.config import BuildConfig
+
+    with distributed.Engine(BuildConfig()) as local:
+        came = []
+        assert local.run(lambda job, _: job * 2, [3, 4, 5], each=came.append) == [6, 8, 10] and came == [0, 1, 2]
+    data = tmp_path / "data"
+    traces = [agent_run(f"rm-{i}", i, calls=2, task=f"task {i % 4}", reward=float(i % 3 == 0)) for i in range(24)]
+    write_spans(str(data), traces[:12], batch="a")
+    write_spans(str(data), traces[12:], batch="b")
+    on_ray = mirror(data, tmp_path / "ray")
+    seen: dict[str, list] = {"pieces": [], "rows": []}
+    advantages, commit = B.spill.advantages, B.output.commit
+
+    def pooled(slim, folder, *a, **kw):  # in the driver, after the buckets' round
+        seen["pieces"].append(glob.glob(os.path.join(os.path.dirname(folder), "bucket-*.arrow")))
+        return advantages(slim, folder, *a, **kw)
+
+    def committed(root, date, staged, rows):  # in the driver, after the dates' round
+        seen["rows"].append(glob.glob(os.path.join(os.path.dirname(staged), "rows-*.arrow")))
+        return commit(root, date, staged, rows)
+
+    monkeypatch.setattr(B.spill, "advantages", pooled)
+    monkeypatch.setattr(B.output, "commit", committed)
+    now = T0 + 3600 * S
+    remote = B.build(cfg(on_ray, "ray"), now_ns=now)
+    assert remote.buckets == 3 and seen["pieces"] == [[]] and seen["rows"] and all(r == [] for r in seen["rows"])
+    monkeypatch.undo()
+    local = B.build(cfg(data, "local"), now_ns=now)
+    assert local.transitions == remote.transitions > 0 and lines(local, data) == lines(remote, on_ray)
+    same(data, on_ray)

@@ -79,7 +79,7 @@ class Engine:
 
     def run(self, work: Callable[[J, object], D], jobs: list[J], shared: object = None,
             tick: Callable[[], None] = lambda: None, spread: bool = False,
-            weights: list[int] | None = None) -> list[D]:
+            weights: list[int] | None = None, each: Callable[[int], None] | None = None) -> list[D]:
         """`spread`: jobs that cannot be cut finer (a date's partition is one file)
         run all at once when there are fewer than two per CPU, each with its share of
         the CPUs, so the cores are shared to the end of the round instead of one job
@@ -90,16 +90,21 @@ class Engine:
         (`order`), so the round ends on light ones and the workers finish together,
         and in a spread round the worker process started last (its imports a second
         behind the others) gets the lightest: a window's last date is often a
-        part of a day. Results come back in the jobs' order whatever the order run."""
+        part of a day. Results come back in the jobs' order whatever the order run.
+
+        `each(i)`: in the driver as job i's result comes in, while the others run (a
+        job done is never retried: its inputs can go)."""
+        each = each or (lambda i: None)
         if not self.remote:
             out = []
-            for job in jobs:
+            for i, job in enumerate(jobs):
                 out.append(work(job, shared))
+                each(i)
                 tick()
             return out
         try:
             return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0,
-                           order(weights) if weights is not None else None)
+                           order(weights) if weights is not None else None, each)
         finally:
             self._warmed()
 
@@ -316,7 +321,7 @@ def order(weights: list[int]) -> list[int]:
 
 
 def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float = 1.0,
-            first: list[int] | None = None):
+            first: list[int] | None = None, each: Callable[[int], None] = lambda i: None):
     import ray
 
     task = ray.remote(num_cpus=cpus, max_retries=RETRIES)(_remote)
@@ -338,5 +343,6 @@ def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float
         except ray.exceptions.RayError as e:  # its worker died more often than it was retried
             raise EngineError(f"task {refs[ready[0]] + 1} of {len(jobs)} failed on Ray after {RETRIES} retries "
                               f"({type(e).__name__}); nothing was committed: {str(e).splitlines()[0]}") from None
+        each(refs[ready[0]])
         tick()
     return out
