@@ -209,3 +209,28 @@ def test_the_build_summary_counts_the_calls_python_read(tmp_path):
     assert s.transitions == 2 and first
     assert dict(s.python_reader) == {"content in log or span events": 1}
     assert "calls read by the Python reader: 1 (content in log or span events 1)" in s.lines()
+
+
+def test_a_key_twice_on_one_call_goes_to_python_and_reads_as_the_last(tmp_path):
+    # the (row, key) duplicate check runs on the key's number, not its text: a key twice
+    # in one call is found, the same key once in each of two calls is not, nor a key
+    # twice that the records never read
+    traces = []
+    for i in range(3):
+        t = Trace(f"dup{i}")
+        root = t.span("agent", {"agent.name": "a"}, start=0, end=9)
+        t.span("chat m1", {**genai_call(f"question {i}", f"answer {i}"), "x.other": "y"}, parent=root, start=1, end=2)
+        traces.append(t)
+    write_spans(str(tmp_path), traces)
+    rows, events = _calls(str(tmp_path))
+    assert rows.height == 3
+    attrs = rows["attributes"].to_list()
+    model = next(a for a in attrs[0] if a["key"] == "gen_ai.request.model")
+    attrs[0].append({**model, "value": {**model["value"], "string_value": "m2"}})  # read: the last one wins
+    attrs[1].append(next(a for a in attrs[1] if a["key"] == "x.other"))  # never read: not a reason
+    rows = rows.with_columns(pl.Series("attributes", attrs, dtype=rows.schema["attributes"]))
+    got = N.read_records(rows, events)
+    assert dict(got.python) == {"repeated attribute keys": 1}
+    want = _oracle(rows, events)
+    assert got.records == want
+    assert got.records[0]["request_model"] == "m2" and got.records[1]["request_model"] == "m1"

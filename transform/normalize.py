@@ -154,7 +154,7 @@ def read_frames(call_rows: pl.DataFrame, events: dict[tuple[str, str], list[dict
 def _long(call_rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """`feats`: per row, what its keys say (content keys, token ids, OpenInference
     groups, ...); `vals`: (row, key, type, text, value) of the attributes the records
-    read, `text` their value as text where it is text."""
+    read, `text` their value as text where it is text, `_kid` the key's number in this frame."""
     long = (call_rows.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "attributes")
             .explode("attributes").filter(pl.col("attributes").is_not_null())
             .select("row", pl.col("attributes").struct.field("key").alias("key"),
@@ -164,6 +164,7 @@ def _long(call_rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     # few hundred keys a million times), then per row
     pre = pl.any_horizontal([key.str.starts_with(p) for p in _PREFIXES])
     kinfo = long.select(key.unique()).with_columns(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("_kid"),  # the key as a number, for the duplicate check
         key.str.contains(C.CONTENT_KEY_PATTERN).alias("has_content_key"),
         key.is_in(list(C.CAPTURE_OFF_KEYS)).alias("capture_off_key"),
         key.is_in(sorted(C.TOKEN_KEYS)).alias("token_key"),
@@ -183,16 +184,17 @@ def _long(call_rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     ).with_columns(pl.col("_k").struct.field("1").alias("head"),
                    pl.col("_k").struct.field("2").cast(pl.Int64).alias("g"),
                    pl.col("_k").struct.field("3").alias("rest")).drop("_k")
-    flags = [c for c in kinfo.columns if c not in ("key", "_keep", "_key_why", "head", "g", "rest")]
+    flags = [c for c in kinfo.columns if c not in ("key", "_kid", "_keep", "_key_why", "head", "g", "rest")]
     flagged = kinfo.filter(pl.any_horizontal(flags))
-    feats = (long.select("row", "key").filter(key.is_in(flagged["key"].implode()))
-             .join(flagged.select("key", *flags), on="key").group_by("row").agg([pl.col(c).any() for c in flags]))
-    kept = kinfo.filter("_keep").select("key", "head", "g", "rest", "_key_why")
-    long = long.filter(key.is_in(kept["key"].implode())).join(kept, on="key", how="left")
+    # inner joins: the keys' filter and their columns in one operation, not two (half the CPU)
+    feats = (long.select("row", "key").join(flagged.select("key", *flags), on="key")
+             .group_by("row").agg([pl.col(c).any() for c in flags]))
+    kept = kinfo.filter("_keep").select("key", "_kid", "head", "g", "rest", "_key_why")
+    long = long.join(kept, on="key", how="inner", maintain_order="left")
     v = pl.col("value")
     typ = v.struct.field("type")
     vals = long.select(
-        "row", "key", "head", "g", "rest", "_key_why", typ.alias("type"),
+        "row", "key", "_kid", "head", "g", "rest", "_key_why", typ.alias("type"),
         pl.when(typ == "string").then(v.struct.field("string_value"))
         .when(typ.is_in(["array", "kvlist"])).then(v.struct.field("json_value")).alias("text"),
         "value")
@@ -229,7 +231,9 @@ def _python_reasons(meta: pl.DataFrame, feats: pl.DataFrame, vals: pl.DataFrame,
         .alias("why"),
     ).filter(pl.col("why").is_not_null()).group_by("row").agg(pl.col("why").min())
     # (a key twice: Python keeps the last value; only the keys read here matter)
-    dup = vals.filter(vals.select(pl.struct("row", "key").is_duplicated()).to_series()).select(
+    # (row, key) as one integer: hashing it costs half of hashing the pair with the key's text
+    pair = pl.col("row").cast(pl.UInt64) * pl.lit(1 << 32, pl.UInt64) + pl.col("_kid").cast(pl.UInt64)
+    dup = vals.filter(vals.select(pair.is_duplicated()).to_series()).select(
         "row", pl.lit("repeated attribute keys").alias("why")).unique("row")
     has = feats
     oi_kind = vals.filter(key == "openinference.span.kind").group_by("row").agg(text.last().alias("oi_kind"))
