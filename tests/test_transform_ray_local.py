@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 import time
 
 import psutil
@@ -78,10 +79,17 @@ def gone(since: float, kinds=("gcs_server", "raylet/raylet"), within: float = 10
 def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after():
     since = time.time() - 1
     settings = BuildConfig(engine="ray", workers=2)
+    stopped_in = []
     with distributed.Engine(settings) as engine:
         running = ray_processes()
         assert engine.cpus == 2
         assert engine.run(operator.add, [1, 2, 3], 10) == [11, 12, 13]  # on the workers, results in order
+        stop = engine._stop
+        engine._stop = lambda: (stopped_in.append(threading.current_thread()), stop())
+        engine.release()  # the last round done: the cluster stops while the driver commits
+        engine.release()  # once
+    # stopped beside the driver (0.4 s after every build's last task), and waited for on the way out
+    assert len(stopped_in) == 1 and stopped_in[0] is not threading.main_thread()
     assert running.get("gcs_server") == 1 and running.get("raylet/raylet") == 1
     # nothing scales a build's own cluster, nothing forwards its workers' output, nobody looks at a dashboard
     assert "log_monitor.py" not in running and "autoscaler/_private/monitor.py" not in running

@@ -1331,6 +1331,7 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
                                                      for day in days], cfg, spread=True,  # a file per date
                                   weights=[_bytes(p for _, p in held.get(day, [])) for day in days],
                                   each=lambda i: _remove(p for _, p in held.get(days[i], [])))
+        engine.release()  # no task after this: the cluster stops while the dates are committed
         for i, day in enumerate(days):
             if engine.remote and output.is_local(fs):
                 n = staged[i]

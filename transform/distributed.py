@@ -27,6 +27,7 @@ import os
 import resource
 import socket
 import sys
+import threading
 import time
 from typing import Callable, TypeVar
 
@@ -61,6 +62,7 @@ class Engine:
         self.usage: dict[str, list[float]] = {}
         self._stop: Callable[[], None] | None = None  # set when this engine started (or joined) the cluster
         self._warming: tuple[str, list] | None = None  # Engine.prestart's folder and tasks
+        self._stopping: threading.Thread | None = None  # Engine.release's
 
     def __enter__(self) -> "Engine":
         if self.remote:
@@ -76,6 +78,30 @@ class Engine:
         if self._stop is not None:
             self._stop()
             self._stop = None
+        if self._stopping is not None:
+            self._stopping.join()
+            self._stopping = None
+
+    def release(self) -> None:
+        """No task after this: the cluster this engine started (or joined) is left in
+        a thread while the driver commits and removes its scratch, and `__exit__`
+        waits for it. Stopping a local cluster is the driver's: the raylet, the GCS
+        and the agents told to stop and waited for, 0.4 s after the last task of every
+        build, with the workers idle."""
+        if self._stop is None or self._stopping is not None:
+            return
+        if self._warming is not None:
+            self._warmed()
+        stop, self._stop = self._stop, None
+
+        def leave() -> None:
+            try:
+                stop()
+            except Exception as e:  # the build's rows are made: a cluster that stops badly is only said
+                log.warning("stopping the Ray cluster: %s", e)
+
+        self._stopping = threading.Thread(target=leave, name="nightshift-ray-stop")
+        self._stopping.start()
 
     def run(self, work: Callable[[J, object], D], jobs: list[J], shared: object = None,
             tick: Callable[[], None] = lambda: None, spread: bool = False,
