@@ -205,7 +205,7 @@ async def one_client(port: int, model: str, cid: int, requests: int, out: list, 
             ttfb, total, answer = await client.call(request_body(model, cid * 1000 + n))
             if not answer.startswith(b"HTTP/1.1 200") or b"data: [DONE]" not in answer:
                 raise RuntimeError(f"a stream did not end well: {answer[:300]!r}")
-            out.append((ttfb, total, b"+p:" in answer, t0))
+            out.append((ttfb, total, b"+p:" in answer, t0, n == 0))
     finally:
         transport.close()
 
@@ -498,6 +498,15 @@ def bursts(xs: list, q: float = 0.99, gap: float = 0.005) -> tuple[int, int, int
     return len(firsts), len(sizes), max(sizes, default=0)
 
 
+def first(xs: list, q: float = 0.99) -> float:
+    """The share (%) of the TTFBs at or above the q-quantile that were the first
+    request on a client's connection (its TCP handshake and the server's set-up of
+    it in the same wait)."""
+    cut = quantile([x[0] for x in xs], q)
+    slow = [x[4] for x in xs if x[0] >= cut]
+    return 100 * sum(slow) / len(slow)
+
+
 def worst_p99_ms(direct: list, proxied: list) -> float:
     """The target's figure: the worse of the added TTFB p99 and the added total p99."""
     return 1000 * max(quantile([x[i] for x in proxied], .99) - quantile([x[i] for x in direct], .99) for i in (0, 1))
@@ -550,6 +559,11 @@ def spread(args: argparse.Namespace, m: Measured, label: str) -> list[str]:
     (n, k, big), (n2, k2, big2) = bursts(m.direct), bursts(m.proxies[0].xs)
     lines.append(f"  the slowest 1 % of TTFBs{label}: direct {n} in {k} bursts (largest {big}), {m.proxies[0].name} "
                  f"{n2} in {k2} (largest {big2}); a burst: first bytes < 5 ms apart, one stall felt by many streams")
+    if len(m.direct[0]) > 4:
+        new = [f"{first(xs):.0f} %" for xs in (m.direct, m.proxies[0].xs)]
+        lines.append(f"  a connection's first request{label}: {100 * sum(x[4] for x in m.direct) / len(m.direct):.0f} % of "
+                     f"the requests, {new[0]} of the direct side's slowest 1 % of TTFBs, {new[1]} of the proxied side's "
+                     f"(the proxy accepts each client's connection, ~0.2 ms of its CPU)")
     lo, hi = resampled(m.direct, m.proxies[0].xs)
     lines.append(f"  the p99 overhead{label}, resampled (200 bootstraps of 0.5 s blocks of requests): 90 % between "
                  f"{lo:.2f} and {hi:.2f} ms; a run is a verdict on the target only when both are on one side of it")

@@ -110,3 +110,11 @@ def test_the_resampled_interval_says_when_one_run_cannot_be_a_verdict():
     stalled = [(0.030 if 10.0 <= t < 10.5 else 0.010, 0.5, False, t) for _, _, _, t in direct]
     lo, hi = route.resampled(stalled, [(0.014, 0.5, False, t) for _, _, _, t in direct])
     assert lo < 2.0 < hi
+
+
+def test_the_slowest_first_bytes_say_how_many_were_a_connections_first_request():
+    """Each client opens its connection as a phase starts: when the slowest 1 % are
+    mostly first requests, the p99 measures connection set-up, not forwarding."""
+    xs = [(0.010, 0.5, False, i * 0.01, i % 8 == 0) for i in range(1000)]
+    xs += [(0.030, 0.5, False, 20.0 + i, i < 16) for i in range(20)]
+    assert route.first(xs) == pytest.approx(80.0)
