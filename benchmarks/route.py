@@ -16,6 +16,7 @@ requests/s, the proxy's CPU-seconds and peak RSS, and what else used the CPU.
     python benchmarks/route.py --baseline /tmp/wt-e0ac2ad   # and another checkout's proxy, in the same minutes
     python benchmarks/route.py --parts                # the prompt arm's CPU per part, in this process (seconds)
     python benchmarks/route.py --pin                  # and pinned phases: the proxy on a CPU of its own (extra line)
+    python benchmarks/route.py --aa                   # and direct against direct: the benchmark's own noise
 
 With `--baseline DIR` a second proxy runs from another checkout of this repository
 (a worktree: `git worktree add /tmp/wt-e0ac2ad e0ac2ad`, imported as `nightshift`
@@ -243,6 +244,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--pin", action="store_true", help="also, in every round, a pinned direct and proxied phase: "
                     "the proxy alone on the last CPU, the stub and the load generator on the others (an extra, named "
                     "line: the target line stays the unpinned one)")
+    ap.add_argument("--aa", action="store_true", help="also a second direct phase in every round, after the "
+                    "proxies': the target's figure for direct against direct, the benchmark's own noise")
     ap.add_argument("--dump", metavar="FILE", help="also write every request's (start, TTFB, total) and every "
                     "phase's CPU by process to FILE (JSON), to see what set a run's p99")
     ap.add_argument("--stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -388,6 +391,11 @@ class Measured:
     proxies: list[Proxied]
     phases: list[Phase] = field(default_factory=list)
     pinned: Measured | None = None
+    again: list = field(default_factory=list)  # --aa: a second direct phase in every round
+
+
+#: --aa's second direct phase, after the proxies' in every round.
+AGAIN = "direct again"
 
 
 def pin(procs: list[psutil.Process], proxies: list[psutil.Process], cpus: list[int], on: bool) -> None:
@@ -422,7 +430,9 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
         ph = Phase(who, r, len(xs), s, *(d[i] if proxy is not None else (0.0, 0.0)), sum(d[0]), sum(d[-1]),
                    max(0.0, (b1 - b0) - sum(sum(x) for x in d)))
         m.phases.append(ph)
-        if proxy is None:
+        if who == AGAIN:
+            m.again += xs
+        elif proxy is None:
             m.direct, m.direct_s = m.direct + xs, m.direct_s + s
         else:
             p = m.proxies[procs.index(proxy) - 1]
@@ -447,6 +457,8 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
                 await timed(mm, "direct", r, up_port, "agent@v0001")
                 for i, port in enumerate(ports):
                     await timed(mm, mm.proxies[i].name, r, port, "agent", proxies[i])
+                if args.aa:
+                    await timed(mm, AGAIN, r, up_port, "agent@v0001")
     finally:
         if m.pinned is not None:
             pin(procs, proxies, cpus, False)
@@ -474,7 +486,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> Measured:
 
 def by_round(m: Measured, who: str) -> list[list]:
     """`who`'s requests, one list per round (from the phases' counts, in order)."""
-    xs = m.direct if who == "direct" else next(p.xs for p in m.proxies if p.name == who)
+    xs = m.direct if who == "direct" else m.again if who == AGAIN else next(p.xs for p in m.proxies if p.name == who)
     out, i = [], 0
     for ph in m.phases:
         if ph.who == who:
@@ -564,6 +576,11 @@ def spread(args: argparse.Namespace, m: Measured, label: str) -> list[str]:
         lines.append(f"  a connection's first request{label}: {100 * sum(x[4] for x in m.direct) / len(m.direct):.0f} % of "
                      f"the requests, {new[0]} of the direct side's slowest 1 % of TTFBs, {new[1]} of the proxied side's "
                      f"(the proxy accepts each client's connection, ~0.2 ms of its CPU)")
+    if m.again:
+        by = [f"{worst_p99_ms(d, a):+.2f}" for d, a in zip(direct, by_round(m, AGAIN))]
+        lines.append(f"  direct against direct again{label} (the same stand-in in the same rounds: the benchmark's own "
+                     f"noise on the target's figure): {worst_p99_ms(m.direct, m.again):+.2f} ms; by round "
+                     + ", ".join(by))
     lo, hi = resampled(m.direct, m.proxies[0].xs)
     lines.append(f"  the p99 overhead{label}, resampled (200 bootstraps of 0.5 s blocks of requests): 90 % between "
                  f"{lo:.2f} and {hi:.2f} ms; a run is a verdict on the target only when both are on one side of it")
@@ -744,6 +761,7 @@ def main() -> int:
         m = measure(args, tmp)
     if args.dump:
         Path(args.dump).write_text(json.dumps({"direct": m.direct, "proxies": {p.name: p.xs for p in m.proxies},
+                                               "again": m.again,
                                                "phases": [vars(ph) for ph in m.phases]}))
     print("\n".join(report(head, args, m)), flush=True)
     return 0

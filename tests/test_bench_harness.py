@@ -195,7 +195,7 @@ def test_route_keeps_its_flags_rank_and_report(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["route.py"])
     assert vars(route.parse_args()) == {"streams": 200, "requests": 8, "rounds": 3, "chunks": 20, "pace": 0.025,
                                         "stub": None, "prompt": None, "baseline": None, "baseline_env": [],
-                                        "parts": False, "harness": "steady", "pin": False, "dump": None}
+                                        "parts": False, "harness": "steady", "pin": False, "aa": False, "dump": None}
     values = [float(i) for i in range(100, 0, -1)]
     assert (route.quantile(values, .5), route.quantile(values, .99)) == (51.0, 100.0)
     assert str(route.T_OVERHEAD) == "target < 2 ms"

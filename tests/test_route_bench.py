@@ -118,3 +118,16 @@ def test_the_slowest_first_bytes_say_how_many_were_a_connections_first_request()
     xs = [(0.010, 0.5, False, i * 0.01, i % 8 == 0) for i in range(1000)]
     xs += [(0.030, 0.5, False, 20.0 + i, i < 16) for i in range(20)]
     assert route.first(xs) == pytest.approx(80.0)
+
+
+def test_direct_against_direct_again_reads_the_benchmarks_own_noise():
+    """--aa: a second direct phase in every round, compared as a proxy would be: a
+    figure the proxy cannot have caused (here 3 ms, all of it round 2's)."""
+    def xs(ttfb: float) -> list:
+        return [(ttfb, 0.5, False, 0.001 * i, False) for i in range(100)]
+
+    m = route.Measured([*xs(0.010), *xs(0.010)], 2.0, [route.Proxied("proxied", [*xs(0.011), *xs(0.011)], secs=2.0)],
+                       phases=[route.Phase(w, r, 100, 1.0) for r in (0, 1) for w in ("direct", "proxied", route.AGAIN)],
+                       again=[*xs(0.010), *xs(0.013)])
+    line = next(x for x in route.spread(argparse.Namespace(), m, "") if "direct again" in x)
+    assert line.endswith("the benchmark's own noise on the target's figure): +3.00 ms; by round +0.00, +3.00")
