@@ -365,10 +365,11 @@ class Proxied:
 
 @dataclass
 class Phase:
-    """One phase of one round (direct, or one proxy's): its requests' index range in
-    the list of its kind, seconds, and CPU-seconds by process: the proxy's user and
-    system time, the stub's, the load generator's (this process) and everyone else's.
-    A p99 is set by queueing for a core; these say who held the cores meanwhile."""
+    """One phase of one round (direct, or one proxy's): how many requests it added to
+    the list of its kind (in order, so `by_round` can cut the list back into rounds),
+    its seconds, and CPU-seconds by process: the proxy's user and system time, the
+    stub's, the load generator's (this process) and everyone else's. A p99 is set by
+    queueing for a core; these say who held the cores meanwhile."""
 
     who: str
     round: int
