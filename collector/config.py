@@ -48,10 +48,12 @@ class CollectorConfig:
                                     bounds="(0, inf)", metavar="DURATION")
     dedup_window: float = setting(600.0, help="how long resent spans are recognised (clients resend within ~10 s)",
                                   bounds="[0, inf)", metavar="DURATION")
-    dedup_memory: int = setting(16 << 20, help="memory for the keys of recent spans (16 bytes each: 1M keys in 16MiB, "
-                                               "the whole window up to 1.7k spans/s, 20 s at 50k/s); when full the "
-                                               "oldest are forgotten first, and a restart reads only the newest files' "
-                                               "keys; 0 = only dedup_window bounds them",
+    dedup_memory: int = setting(4 << 20, help="memory for the keys of recent spans (16 bytes each: 262k keys in 4MiB, "
+                                              "the whole window up to 430 spans/s, 5 s at 50k/s); when full the oldest "
+                                              "are forgotten first (a later resend is stored twice, and the build keeps "
+                                              "one), and a restart reads only the newest files' keys; 16MiB, the "
+                                              "default before 2026-11-27, holds 20 s at 50k/s for 12 MiB more of the "
+                                              "sidecar's RSS; 0 = only dedup_window bounds them",
                                 bounds="[0, inf)", metavar="SIZE")
     compression: str = setting("zstd", help="Parquet codec: zstd (smallest files), snappy or lz4 (faster to write, "
                                             "1.3-1.6x larger), none", choices=("zstd", "snappy", "lz4", "none"))
@@ -74,15 +76,18 @@ class CollectorConfig:
                                                 "connection", bounds="(0, inf)", metavar="DURATION")
     grpc_workers: int = setting(32, help="gRPC server threads", bounds="[1, inf)")
     fsync: bool = setting(True, help="fsync the log before acknowledging (off only for benchmarks of the rest)")
-    flush_chunk_bytes: int = setting(4 << 20, help="payload bytes the flusher converts at a time, a row group each: its "
-                                                   "memory peak is ~7x this; 2 MiB saves ~8 MiB for 15-20 % of its "
-                                                   "speed (measured: collector/flusher.py, CHUNK_BYTES)",
+    flush_chunk_bytes: int = setting(2 << 20, help="payload bytes the flusher converts at a time, a row group each: its "
+                                                   "memory peak grows with it (measured at 50k spans/s: 4MiB, the "
+                                                   "default before 2026-11-27, is ~10 MiB more RSS than 2MiB, for a "
+                                                   "flusher 12-20 % faster per span; collector/flusher.py, CHUNK_BYTES)",
                                      bounds="[65536, inf)", metavar="SIZE")
-    flusher: str = setting("process", help="where the flusher runs: `process` (its own, ~24 MiB more RSS; converting "
-                                           "spans never holds the receiver's GIL; a stuck flush is killed and redone) "
-                                           "or `thread` (inside the receiver: one process, smaller; acks wait while a "
-                                           "flush holds the GIL; a stuck flush is only reported)",
-                           choices=("process", "thread"))
+    flusher: str = setting("auto", help="where the flusher runs: `thread` (inside the receiver: one process, 20-30 MB "
+                                        "smaller at 50k spans/s; acks wait while a flush holds the GIL; a flush stuck "
+                                        "on a hung store is only reported), `process` (its own, the default before "
+                                        "2026-11-27: converting spans never holds the receiver's GIL; a stuck flush "
+                                        "is killed and redone) or `auto`: a thread when data is a folder, a process "
+                                        "when it is an object store (where uploads can hang)",
+                           choices=("auto", "process", "thread"))
     shutdown_timeout: float = setting(60.0, help="seconds SIGTERM waits for the flusher to drain",
                                       bounds="[0, inf)", metavar="DURATION")
     log_level: str = setting("info", help="debug, info, warning or error", pattern=r"(?i)debug|info|warning|error|critical",
@@ -103,9 +108,21 @@ class CollectorConfig:
 
         validate(self, "collector")
 
+    def remote_data(self) -> bool:
+        return "://" in self.data and not self.data.startswith("file://")
+
+    def flusher_form(self) -> str:
+        """`flusher` resolved. `auto` weighs the one thing a thread cannot do, be
+        killed, against 20-30 MB: an upload to an object store can hang past
+        `flush_timeout` and then only a process can be killed and redone; a write to
+        a folder does not hang that way, so a folder's sidecar is one process."""
+        if self.flusher != "auto":
+            return self.flusher
+        return "process" if self.remote_data() else "thread"
+
     def wal_dir(self) -> str:
         if self.wal:
             return self.wal
-        if "://" in self.data and not self.data.startswith("file://"):
+        if self.remote_data():
             return "./nightshift-wal"
         return self.data.removeprefix("file://").rstrip("/") + "/wal"

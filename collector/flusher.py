@@ -1,8 +1,10 @@
 """The flusher: sealed WAL segments to Parquet datasets, then deletes them.
 
-It runs in its own process by default so that converting protobuf to Arrow never
-holds the receiver's GIL (acks stay fast); `collector.flusher: thread` runs the
-same loop as a thread of the receiver's process instead (`flusher_thread`). A segment is deleted only after every file made
+It runs as a thread of the receiver's process when the data is a folder (one
+interpreter: the sidecar's memory) and in its own process when the data is an
+object store, whose uploads can hang and only a process can be killed and redone
+(`collector.flusher: auto`; `process` and `thread` choose either everywhere; see
+`flusher_thread`). A segment is deleted only after every file made
 from it is durable; a flush that dies half-way is redone from the segment, and
 rewrites the same file names, so it adds no duplicate rows.
 """
@@ -36,8 +38,12 @@ log = logging.getLogger("nightshift.collector.flusher")
 #: on 1 KB and 5 KB spans (issue 28): the conversion's peak is about 7x the chunk
 #: (ptars' arrays and numpy's, outside Arrow's pool), so 8 MiB chunks peaked 57-72
 #: MiB above the flusher's 82 MiB of imports, 4 MiB 41-47 MiB, 2 MiB 35-38 MiB;
-#: spans per CPU-second were the same at 4 and 8 MiB and 15-20 % lower at 2 MiB.
-CHUNK_BYTES = 4 << 20
+#: spans per CPU-second were the same at 4 and 8 MiB and 12-20 % lower at 2 MiB
+#: (each chunk pays ~3 ms of conversion and ~3.5 ms of row group before its first
+#: span). 2 MiB since 2026-11-27 (`collector.flush_chunk_bytes`): the sidecar's
+#: 150 MB at 50k spans/s needs the 10 MiB, and the flusher's speed at 2 MiB still
+#: keeps up with 1 KB spans at that rate (benchmarks/RESULTS.md, sidecar8).
+CHUNK_BYTES = 2 << 20
 
 
 @dataclass

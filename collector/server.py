@@ -68,7 +68,7 @@ class Collector:
                     "compression": self.cfg.compression, "chunk_bytes": self.cfg.flush_chunk_bytes,
                     "log_level": logging.getLogger().level,
                     "log_format": logs.current()}
-        if self.cfg.flusher == "thread":
+        if self.cfg.flusher_form() == "thread":
             self._flusher = flusher_thread.FlusherThread(settings, self._stats, self._flusher_stop)
             log.info("flusher started (thread %d of this process)", self._flusher.tid)
             return
@@ -82,7 +82,7 @@ class Collector:
             "wal_bytes": self.log.bytes_on_disk,
             "flusher_pid": self._flusher.pid if self._flusher else None,
             "flusher_alive": bool(self._flusher and self._flusher.is_alive()),
-            "flusher": self.cfg.flusher,
+            "flusher": self.cfg.flusher_form(),
         }
         if isinstance(self._flusher, flusher_thread.FlusherThread):
             info["flusher_tid"] = self._flusher.tid
@@ -314,7 +314,7 @@ def run(cfg: CollectorConfig) -> int:
     if receiver_main.worth_it():
         receiver_main.exec_lean(cfg, logging.getLogger().level, logs.current())
     few_arenas()  # before the servers' threads allocate
-    if cfg.flusher == "thread":
+    if cfg.flusher_form() == "thread":
         flusher_thread.prepare_process()
     c = Collector(cfg)
     c.start()

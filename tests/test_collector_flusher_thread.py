@@ -122,3 +122,38 @@ def test_flush_chunk_bytes_reaches_the_flusher(collector_factory, form):
     files = list((c.data / "spans").rglob("*.parquet"))
     assert sum(pq.ParquetFile(p).metadata.num_rows for p in files) == 8 * 40
     assert max(pq.ParquetFile(p).metadata.num_row_groups for p in files) >= 2
+
+
+# --- the defaults since the 150 MB sidecar (issue 28, sidecar8) ------------------------
+
+
+def test_a_collector_with_no_flusher_setting_on_a_folder_is_one_process(collector_factory):
+    """`collector.flusher: auto`, the default: on a folder the flusher is a thread
+    of the receiver (20-30 MB less at 50k spans/s), and its 2 MiB chunks
+    (`flush_chunk_bytes`) make ~3 MiB of spans two row groups or more, not one."""
+    import pyarrow.parquet as pq
+
+    c = collector_factory(env={"NIGHTSHIFT_COLLECTOR_FLUSHER": None,  # unset: the default, not the harness's pin
+                               "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "30"}).start()  # one segment, sealed by stop
+    h = c.health()
+    assert h["flusher"] == "thread" and h["flusher_pid"] == c.proc.pid and c.children() == []
+    reqs = [make_request(250, content="m" * 1000) for _ in range(12)]  # ~3.3 MB of payload
+    _send(c, [r.SerializeToString() for r, _ in reqs])
+    assert c.stop() == 0
+    files = list((c.data / "spans").rglob("*.parquet"))
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in files) == 12 * 250
+    assert len(files) == 1 and pq.ParquetFile(files[0]).metadata.num_row_groups >= 2
+
+
+def test_auto_keeps_a_killable_flusher_process_for_object_stores():
+    """An upload can hang past flush_timeout, and only a process can be killed and
+    redone: `auto` is a process for object stores; an explicit choice always wins."""
+    from nightshift.collector.config import CollectorConfig
+
+    assert CollectorConfig(data="s3://bucket/lake").flusher_form() == "process"
+    assert CollectorConfig(data="file:///tmp/lake").flusher_form() == "thread"
+    assert CollectorConfig(data="./lake").flusher_form() == "thread"
+    assert CollectorConfig(data="s3://bucket/lake", flusher="thread").flusher_form() == "thread"
+    assert CollectorConfig(data="./lake", flusher="process").flusher_form() == "process"
+    # The sidecar's other budget lever (docs/deploy.md): 4 MiB of duplicate keys, 5 s at 50k spans/s.
+    assert CollectorConfig().dedup_memory == 4 << 20

@@ -32,7 +32,7 @@ class Collector:
     data: Path | str  # a folder, or an fsspec URL
     wal: Path
     log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
@@ -51,7 +51,12 @@ class Collector:
     def start(self, wait: bool = True, timeout: float = 30.0) -> "Collector":
         cmd = [sys.executable, "-m", "nightshift.cli", "collect", "--data", str(self.data), "--wal", str(self.wal),
                "--grpc", f"{self.host}:{self.grpc_port}", "--http", f"{self.host}:{self.http_port}", *self.extra_args]
-        env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "0.5", **self.env}
+        # The flusher in its own process unless a test says otherwise: the campaigns stop,
+        # kill and fail it by its pid (`collector.flusher: auto` makes it a thread of the
+        # collector on a folder); a None in `env` leaves the variable unset (the default).
+        env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "0.5", "NIGHTSHIFT_COLLECTOR_FLUSHER": "process",
+               **self.env}
+        env = {k: v for k, v in env.items() if v is not None}
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         if wait:
