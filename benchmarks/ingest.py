@@ -79,6 +79,24 @@ T_PARQUET_PER_CORE = Target(">=", 50_000, "50,000 per core")
 T_FLUSHER_PER_CORE = Target(">=", 40_000, "40,000 per CPU-second", name="flusher target")  # issue 16
 T_HALF_P99_MS = Target("<", 20.0, "20 ms")
 T_RSS_RATE = 50_000  # spans/s at which the RSS target applies
+FORMS = ("auto", "process", "thread")  # collector.flusher
+#: What a sidecar's memory and flush speed depend on, besides the flusher's form
+#: and gRPC: set in this benchmark's environment, the collector inherits them.
+MEMORY_ENV = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "ARROW_DEFAULT_MEMORY_POOL")
+
+
+def settings_tag(form: str, resolved: str, no_grpc: bool, environ=os.environ) -> str:
+    """Which settings a collector ran with, for the targets' lines: the collector's
+    defaults unless a NIGHTSHIFT_COLLECTOR_* variable or an allocator variable was
+    set where the benchmark ran (the collector inherits them), the flusher's form
+    as asked and as resolved, and gRPC. The flush interval is the benchmark's own
+    (`--flush-interval`), the same on every line."""
+    told = [f"{k.removeprefix('NIGHTSHIFT_COLLECTOR_').lower()}={v}" for k, v in sorted(environ.items())
+            if k.startswith("NIGHTSHIFT_COLLECTOR_") and k not in ("NIGHTSHIFT_COLLECTOR_FLUSHER",
+                                                                   "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL")]
+    told += [f"{k}={environ[k]}" for k in MEMORY_ENV if environ.get(k)]
+    flusher = f"flusher {form}" + (f"->{resolved}" if resolved != form else "")
+    return ", ".join([flusher, "grpc off" if no_grpc else "grpc on", *(told or ["the rest at the defaults"])])
 T_RSS_MB = Target("<=", 150.0, f"150 MB at {T_RSS_RATE // 1000}k spans/s", name="sidecar RSS")  # issue 28
 T_SUSTAINED = Target(">=", 0.8, "0.8x the acknowledged rate", name="sustained/acknowledged")  # issue 28
 
@@ -439,6 +457,7 @@ class Collector:
         self.ps: psutil.Process | None = None
         self.flusher: psutil.Process | None = None  # the flusher's own process; None in the thread form
         self.flusher_tid = 0  # the thread form: the flusher's thread in the receiver's process
+        self.resolved = form  # the form /healthz reports (`auto` is a thread on a folder, a process on a bucket)
         self._log = None
 
     def start(self) -> None:
@@ -467,6 +486,7 @@ class Collector:
     def _set_flusher(self, info: dict) -> None:
         """The flusher's process, or in the thread form its thread (its process is
         the receiver's: counting it as a flusher would count the sidecar twice)."""
+        self.resolved = info.get("flusher") or self.form  # `auto` resolved by the collector
         if info.get("flusher") == "thread":
             self.flusher, self.flusher_tid = None, int(info.get("flusher_tid") or 0)
         elif self.flusher is None or self.flusher.pid != info["flusher_pid"]:
@@ -487,7 +507,7 @@ class Collector:
     def cpu(self) -> tuple[float, float]:
         """(receiver, flusher) CPU seconds; in the thread form the flusher's is its
         thread's, and the receiver's the rest of the process."""
-        if self.form != "thread":
+        if self.resolved != "thread":
             return cpu_seconds(self.ps), cpu_seconds(self.flusher)
         whole, thread = cpu_seconds(self.ps), thread_cpu_seconds(self.ps, self.flusher_tid)
         return whole - thread, thread
@@ -734,6 +754,7 @@ class Load:
     rss: Sampler
     sustained: "Sustained | None" = None
     form: str = "process"  # collector.flusher: its own process, or a thread of the receiver's
+    resolved: str = ""  # the form the collector reported (`auto` resolved)
 
 
 @dataclass
@@ -772,10 +793,10 @@ def parse_args() -> argparse.Namespace:
                          "targets name); 0 skips the phase")
     ap.add_argument("--sustained-seconds", type=float, default=30.0,
                     help="duration of the sustained phase (default 30: a million spans at 50k/s)")
-    ap.add_argument("--flusher", default="process",
-                    help="collector.flusher forms to measure, one collector run each per size: process, thread, or "
-                         "process,thread (both, in the same run: the sidecar table says which line is which); "
-                         "default process")
+    ap.add_argument("--flusher", default="auto",
+                    help="collector.flusher forms to measure, one collector run each per size: auto (the collector's "
+                         "default: a thread on the benchmark's folder), process, thread, or a list (process,thread: "
+                         "both in the same run; the sidecar table says which line is which); default auto")
     ap.add_argument("--peer-persist-timeout", type=float, default=120.0,
                     help="max seconds after the peer's load to wait for its spans to be persisted (default 120)")
     args = ap.parse_args()
@@ -786,8 +807,8 @@ def parse_args() -> argparse.Namespace:
     except ValueError:
         ap.error(f"--span-kb takes sizes in KB separated by commas (1,5), not {args.span_kb!r}")
     args.forms = [f.strip() for f in args.flusher.split(",") if f.strip()]
-    if not args.forms or any(f not in ("process", "thread") for f in args.forms) or len(set(args.forms)) < len(args.forms):
-        ap.error(f"--flusher takes process, thread or process,thread, not {args.flusher!r}")
+    if not args.forms or any(f not in FORMS for f in args.forms) or len(set(args.forms)) < len(args.forms):
+        ap.error(f"--flusher takes auto, process, thread or a list of them (process,thread), not {args.flusher!r}")
     if args.no_grpc and args.transport != "http":
         ap.error("--no-grpc needs --transport http (the load's own transport stays on)")
     if args.sustained_rate < 0 or args.sustained_seconds <= 0:
@@ -882,7 +903,7 @@ def measure_collector(tmp: Path, templates: list[Template], args: argparse.Names
     rc, stop_s = coll.stop()
     sampler.stop()
     return Load(warm, full, half, drain_full, drain_half, flushed_at_end, total_acked, m_end, rc, stop_s, sampler,
-                sustained, form)
+                sustained, form, coll.resolved)
 
 
 @dataclass
@@ -974,7 +995,7 @@ def report_sustained_rate(rep: harness.Report, args: argparse.Namespace, load: L
     rss = load.rss.stats.get("sustained", RssStats())
     rss_mb = rss.max_sum * MB / 1e6
     rep.say()
-    rep.say(f"sustained at {fmt(args.sustained_rate)} spans/s, flusher as a {load.form} ({args.senders} {args.transport} senders, open loop, "
+    rep.say(f"sustained at {fmt(args.sustained_rate)} spans/s, flusher as a {load.resolved or load.form} ({settings_tag(load.form, load.resolved or load.form, args.no_grpc)}; {args.senders} {args.transport} senders, open loop, "
             f"{args.sustained_seconds:.0f} s; issue 28's targets{'; the collector on HTTP alone, --grpc off' if args.no_grpc else ''}):")
     rep.extend(phase_lines(ph))
     rep.say(f"  offered {fmt(sus.offered)} spans/s of the {fmt(args.sustained_rate)} asked (sends late by more than "
@@ -1389,11 +1410,12 @@ class SizeRun:
     alone: dict
     over: Overload | None = None
     form: str = "process"  # collector.flusher
+    settings: str = ""  # `settings_tag`: what the targets' line ran with
 
     @property
     def label(self) -> str:
-        """The span size, and the flusher's form: the tables' first columns."""
-        return f"{f'~{self.kb:g} KB' if self.kb else '1-10 KB':>9} {self.form:>7}"
+        """The span size, and the flusher's form (as resolved): the tables' first columns."""
+        return f"{f'~{self.kb:g} KB' if self.kb else '1-10 KB':>9} {self.load.resolved or self.form:>7}"
 
     @property
     def ok(self) -> bool:
@@ -1424,7 +1446,7 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
                     f"{pct(sus.phase.lat, 99):>10.1f} {mb:>7.0f} "
                     f"{st.max_anon_sum * MB / 1e6:>8.0f}   {T_SUSTAINED}: {T_SUSTAINED.verdict(sus.ratio)}; "
                     f"{T_RSS_MB}: {T_RSS_MB.verdict(mb)}{rss_note(sus.phase.rate)}; "
-                    f"other cores busy {sus.phase.other_cpu / sus.phase.elapsed:.2f}")
+                    f"other cores busy {sus.phase.other_cpu / sus.phase.elapsed:.2f}; settings: {r.settings}")
         rep.say("  (flusher: collector.flusher, its own process or a thread of the receiver's, whose RSS is then the "
                 "whole sidecar's; offered: what the senders, on this machine, got out; backlog: spans acknowledged and "
                 "not yet in Parquet when the phase ended; ack p99: send -> 200/OK, the GIL's price in the thread form)")
@@ -1521,7 +1543,8 @@ def run_form(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float
         over = measure_overload(tmp / "overload", templates, args, procs, form)
         report_overload(rep, args, over, load)
     report_summary(rep, load, fig, stored)
-    return SizeRun(kb, templates, load, fig, stored, alone, over, form)
+    return SizeRun(kb, templates, load, fig, stored, alone, over, form,
+                   settings_tag(form, load.resolved or form, args.no_grpc))
 
 
 def main() -> int:

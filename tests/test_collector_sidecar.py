@@ -123,3 +123,21 @@ def test_a_collector_on_http_alone_loads_no_grpc(collector_factory):
     assert "cygrpc" not in open(f"/proc/{c.proc.pid}/maps").read()  # 16 MiB, measured
     assert c.health()["status"] == "ok"
     assert c.stop() == 0
+
+
+def test_the_ingest_benchmarks_targets_say_what_each_line_ran_with():
+    """A sidecar figure is only comparable with the settings it ran with: the
+    benchmark's target lines name the flusher's form (asked and resolved), gRPC,
+    and every collector or allocator variable the collector inherited."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import ingest
+    finally:
+        del sys.path[0]
+    assert ingest.settings_tag("auto", "thread", False, {}) == "flusher auto->thread, grpc on, the rest at the defaults"
+    env = {"NIGHTSHIFT_COLLECTOR_FLUSH_CHUNK_BYTES": "4MiB", "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "0.5",
+           "NIGHTSHIFT_COLLECTOR_FLUSHER": "process", "MALLOC_ARENA_MAX": "1", "HOME": "/root"}
+    assert ingest.settings_tag("process", "process", True, env) == \
+        "flusher process, grpc off, flush_chunk_bytes=4MiB, MALLOC_ARENA_MAX=1"
