@@ -329,7 +329,8 @@ def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, b
 
     def cut(held: list[pa.Table]) -> None:
         pieces: dict[int, list[pa.Table]] = defaultdict(list)
-        for table in held:
+        while held:  # each group let go once taken: its copy in bucket order is what is held
+            table = held.pop(0)
             # one take into bucket order, then zero-copy slices: the rows stay
             # in Arrow (a round trip through Polars copied every prompt twice)
             b = pl.from_arrow(table.column("trace_id")).to_frame("t").select(_bucket_of(pl.col("t"), buckets))
