@@ -155,5 +155,9 @@ def test_auto_keeps_a_killable_flusher_process_for_object_stores():
     assert CollectorConfig(data="./lake").flusher_form() == "thread"
     assert CollectorConfig(data="s3://bucket/lake", flusher="thread").flusher_form() == "thread"
     assert CollectorConfig(data="./lake", flusher="process").flusher_form() == "process"
-    # The sidecar's other budget lever (docs/deploy.md): 4 MiB of duplicate keys, 5 s at 50k spans/s.
-    assert CollectorConfig().dedup_memory == 4 << 20
+    # The sidecar's other budget levers (docs/deploy.md): 4 MiB of duplicate keys, 5 s at 50k spans/s,
+    # and files of at most 32 row groups: Arrow's writer holds ~90 KB of metadata per row group until
+    # the file closes (a 256 MiB segment of 2 MiB chunks peaked 16 MiB above a 64 MiB one).
+    cfg = CollectorConfig()
+    assert cfg.dedup_memory == 4 << 20
+    assert cfg.segment_bytes // cfg.flush_chunk_bytes <= 32
