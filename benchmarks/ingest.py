@@ -178,19 +178,20 @@ def rss():
 def peak_rss():  # this process's own high-water mark; ru_maxrss keeps the parent's across fork and exec
     return next(int(line.split()[1]) / 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 warm, seg, steady_seg, data = sys.argv[1:5]
-cfg = CollectorConfig()
+from nightshift.settings import load
+cfg = load(CollectorConfig, "collector", check=False)  # NIGHTSHIFT_COLLECTOR_* as the collector reads them
 store = DatasetStore(data + "/fresh", window_s=cfg.dedup_window, key_budget=cfg.dedup_memory)
 imports = rss()
-flush_segment(Path(warm), store)
+flush_segment(Path(warm), store, chunk_bytes=cfg.flush_chunk_bytes)
 _release()
 t0 = time.process_time()
-spans = flush_segment(Path(seg), store).spans
+spans = flush_segment(Path(seg), store, chunk_bytes=cfg.flush_chunk_bytes).spans
 cpu = time.process_time() - t0
 out = {"spans": spans, "cpu": cpu, "imports_mib": imports, "peak_mib": peak_rss(), "steady": []}
 for flushes in json.loads(sys.argv[5]):
     _release()
     store = DatasetStore(f"{data}/steady-{flushes}", window_s=cfg.dedup_window, key_budget=cfg.dedup_memory)
-    flush_segment(Path(warm), store)
+    flush_segment(Path(warm), store, chunk_bytes=cfg.flush_chunk_bytes)
     rng, (_, date) = np.random.default_rng(0), next(iter(store._index))
     keys = cfg.dedup_memory // 16 // flushes
     for _ in range(flushes):
@@ -198,7 +199,7 @@ for flushes in json.loads(sys.argv[5]):
                                         rng.integers(0, 2**63, keys, dtype=np.uint64))])
     frames = len(store._index[("spans", date)].frames)
     t0 = time.process_time()
-    n = flush_segment(Path(steady_seg), store).spans
+    n = flush_segment(Path(steady_seg), store, chunk_bytes=cfg.flush_chunk_bytes).spans
     out["steady"].append({"flushes": flushes, "keys": keys, "frames": frames, "per_100k": 1e5 * (time.process_time() - t0) / n})
 # Where a flush's CPU goes: the measured segment again, into a store of its own, each
 # step timed (after the figures above, so the timers cost them nothing).
@@ -237,10 +238,10 @@ datasets.PartitionedWriter.commit = timed("commit", datasets.PartitionedWriter.c
 pq.ParquetWriter.write_table = timed("encode", pq.ParquetWriter.write_table)
 _release()
 store = DatasetStore(data + "/profile", window_s=cfg.dedup_window, key_budget=cfg.dedup_memory)
-flush_segment(Path(warm), store)
+flush_segment(Path(warm), store, chunk_bytes=cfg.flush_chunk_bytes)
 acc.clear()
 t0 = time.process_time()
-n = flush_segment(Path(seg), store).spans
+n = flush_segment(Path(seg), store, chunk_bytes=cfg.flush_chunk_bytes).spans
 total = time.process_time() - t0
 g = lambda k: acc.get(k, 0.0)
 parts = {"Parquet encode": g("encode"), "protobuf to Arrow (ptars)": g("ptars"),
