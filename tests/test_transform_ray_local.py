@@ -76,14 +76,19 @@ def gone(since: float, kinds=("gcs_server", "raylet/raylet"), within: float = 10
     return False
 
 
-def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after():
+def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after(monkeypatch):
     since = time.time() - 1
     settings = BuildConfig(engine="ray", workers=2)
     stopped_in = []
+    events = "RAY_task_events_report_interval_ms"
+    monkeypatch.delenv(events, raising=False)
     with distributed.Engine(settings) as engine:
         running = ray_processes()
         assert engine.cpus == 2
         assert engine.run(operator.add, [1, 2, 3], 10) == [11, 12, 13]  # on the workers, results in order
+        # no task events (nobody reads a build's own cluster's state API; the stop waited for them)...
+        assert engine.run(os.getenv, [events], "unset") == ["0"]
+        assert os.environ.get(events) is None  # ...and the driver's environment as it was
         stop = engine._stop
         engine._stop = lambda: (stopped_in.append(threading.current_thread()), stop())
         engine.release()  # the last round done: the cluster stops while the driver commits
