@@ -15,19 +15,9 @@ import psutil
 import pytest
 
 from test_bench_harness import _load
+from test_route_writes import Transport as _Transport
 
 route = _load("route")
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.sent.append(data)
-
-    def is_closing(self) -> bool:
-        return False
 
 
 def _next_tick(steady: bool, now: float) -> tuple[str, float]:

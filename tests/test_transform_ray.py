@@ -18,6 +18,7 @@ import ray
 
 from nightshift.transform import build as B
 from test_incremental import SETTLE, History, cfg_for
+from test_transform_ray_cut import lake
 from traces import T0, Trace, agent_run, genai_call, write_spans
 
 S = 10**9
@@ -168,14 +169,8 @@ def test_span_files_are_split_in_runs_of_equal_bytes_on_ray_and_the_rows_are_the
     runs = distributed.balance(w, 4)
     assert [a for a, _ in runs[1:]] == [b for _, b in runs[:-1]] and runs[0][0] == 0 and runs[-1][1] == len(w)
     assert max(sum(w[a:b]) for a, b in runs) - sum(w) / 4 <= max(w)  # no run longer than its share and a unit
+    paths = lake(tmp_path)  # five span files, 12 spans a row group
     data = tmp_path / "data"
-    traces = [agent_run(f"cut-{i}", i, calls=2, task=f"task {i % 4}", reward=float(i % 3 == 0)) for i in range(40)]
-    for name, part in (("a", traces[:10]), ("b", traces[10:20]), ("c", traces[20:30]), ("d", traces[30:33]),
-                       ("e", traces[33:])):
-        write_spans(str(data), part, batch=name)
-    paths = sorted((data / "spans").rglob("*.parquet"))
-    for path in paths:  # 12 spans a row group: metadata kept
-        pq.write_table(pq.read_table(path), path, row_group_size=12)
     fs = fsspec.filesystem("file")
     sources = [B._Source(str(p), "d") for p in paths]
     rows = [[pq.ParquetFile(p).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(p).metadata.num_row_groups)]
