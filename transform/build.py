@@ -12,6 +12,7 @@ splits the window's spans into bucket files, and each bucket holds whole traces.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import logging
 import math
@@ -1182,6 +1183,20 @@ def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = F
             return _build(cfg, now_ns, progress)
     except output.Busy as e:
         raise BuildError(str(e)) from None
+    except Exception as e:
+        if not _disk_full(e):
+            raise
+        raise BuildError(f"no space left on the device while the build wrote {getattr(e, 'filename', None) or 'its files'} "
+                         f"({cfg.data}): its scratch is removed, the dates it committed before stay as written and the "
+                         "spans are untouched; free space (a build needs room beside its output for the window's "
+                         "rows once more) and build again") from None
+
+
+def _disk_full(e: BaseException) -> bool:
+    """A write that failed for want of room, however it is raised: Python's and
+    Arrow's writers raise OSError with the errno (a 10M-span build on a disk that
+    filled printed Arrow's traceback), Polars' only says so in its message."""
+    return getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
 
 
 def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
