@@ -41,6 +41,12 @@ events on the clock and neither it nor the load generator collects garbage durin
 a phase; `--harness drifting` is the benchmark as it was before, to compare.
 `--pin` adds, in every round, a direct and a proxied phase with the proxy alone on
 one CPU: a named line of its own, never the target line.
+
+Every run also says what hour it was taken in (the same proxy's CPU per request
+moved 0.85-0.97 -> 1.07-1.21 ms between two quiet windows): the VM's steal over
+the run and a fixed CPU-bound probe at its start and end; and the proxy's read
+and write system calls per request (/proc/PID/io), whose least is one each per
+streamed event plus the request's.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -361,6 +368,8 @@ class Proxied:
     others: float = 0.0
     rss_mib: float = float("nan")
     loop: str = "asyncio"  # the event loop its start-up line names (older proxies name none: asyncio)
+    reads: int = 0  # its read and write system calls (/proc/PID/io syscr, syscw) over the same rounds
+    writes: int = 0
 
 
 @dataclass
@@ -393,10 +402,64 @@ class Measured:
     phases: list[Phase] = field(default_factory=list)
     pinned: Measured | None = None
     again: list = field(default_factory=list)  # --aa: a second direct phase in every round
+    machine: Machine | None = None  # the hour the run was taken in
 
 
 #: --aa's second direct phase, after the proxies' in every round.
 AGAIN = "direct again"
+
+#: The CPU-bound probe's fixed work: ~50 ms of one core on this VM in a quiet hour.
+PROBE_LOOPS = 500_000
+
+
+def probe_ms(loops: int = PROBE_LOOPS, tries: int = 3) -> float:
+    """CPU milliseconds of a fixed pure-Python loop, the best of `tries`: how fast a
+    core runs this hour. The same code's proxy CPU per request moved 0.85-0.97 ->
+    1.07-1.21 ms between two quiet windows an hour apart; this says whether the
+    machine moved with it (a CPU time, so a wait for a core is not in it)."""
+    best = float("inf")
+    for _ in range(tries):
+        t0, x = time.process_time(), 0
+        for i in range(loops):
+            x += i ^ (i >> 3)
+        best = min(best, time.process_time() - t0)
+    return 1000 * best
+
+
+def steal_s() -> float:
+    """CPU-seconds the hypervisor gave to others while this VM wanted them (/proc/stat's
+    steal, all CPUs)."""
+    return psutil.cpu_times().steal
+
+
+@dataclass
+class Machine:
+    """The VM over one run: the probe at the start and the end, and the steal's share
+    of all CPUs over the run's wall time."""
+
+    probe_start_ms: float
+    probe_end_ms: float = float("nan")
+    steal: float = float("nan")
+    secs: float = 0.0
+
+    def line(self) -> str:
+        return (f"  the machine this run: a fixed CPU-bound probe took {self.probe_start_ms:.1f} ms of CPU at the start "
+                f"and {self.probe_end_ms:.1f} at the end ({PROBE_LOOPS:,} loops, best of 3; larger is a slower "
+                f"hour); steal {100 * self.steal:.1f} % of the {os.cpu_count()} CPUs over the run's "
+                f"{self.secs:.0f} s (time the hypervisor gave to other VMs)")
+
+
+def watch_machine() -> Callable[[], Machine]:
+    """Start watching: the probe now, the steal counter now; the call ends it."""
+    m, s0, t0 = Machine(probe_ms()), steal_s(), time.perf_counter()
+
+    def end() -> Machine:
+        m.secs = time.perf_counter() - t0
+        m.steal = (steal_s() - s0) / (m.secs * (os.cpu_count() or 1))
+        m.probe_end_ms = probe_ms()
+        return m
+
+    return end
 
 
 def pin(procs: list[psutil.Process], proxies: list[psutil.Process], cpus: list[int], on: bool) -> None:
@@ -419,6 +482,7 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
 
     async def timed(m: Measured, who: str, r: int, port: int, model: str, proxy: psutil.Process | None = None):
         (t0, b0), i = times(), procs.index(proxy) if proxy is not None else -1
+        io0 = proxy.io_counters() if proxy is not None else None
         if args.harness == "steady":
             gc.collect()
             gc.disable()
@@ -427,6 +491,7 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
         finally:
             gc.enable()
         t1, b1 = times()
+        io1 = proxy.io_counters() if proxy is not None else None
         d = [(u1 - u0, s1 - s0) for (u0, s0), (u1, s1) in zip(t0, t1)]
         ph = Phase(who, r, len(xs), s, *(d[i] if proxy is not None else (0.0, 0.0)), sum(d[0]), sum(d[-1]),
                    max(0.0, (b1 - b0) - sum(sum(x) for x in d)))
@@ -440,6 +505,8 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
             p.xs, p.secs = p.xs + xs, p.secs + s
             p.cpu += ph.user + ph.sys
             p.others += ph.others
+            p.reads += io1.read_count - io0.read_count
+            p.writes += io1.write_count - io0.write_count
 
     def new(suffix: str = "") -> Measured:
         return Measured([], 0.0, [Proxied(("proxied" if i == 0 else "baseline") + suffix, []) for i in range(len(ports))])
@@ -469,10 +536,12 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
 def measure(args: argparse.Namespace, tmp: Path) -> Measured:
     """Start the stub and the proxy, run the rounds, read the proxy's peak RSS while
     it still runs, stop both."""
+    machine = watch_machine()
     upstream, proxies, up_port = start(args, tmp)
     try:
         procs = [psutil.Process(upstream.pid), *(psutil.Process(p.pid) for p, _ in proxies), psutil.Process()]
         m = asyncio.run(bench(args, up_port, [port for _, port in proxies], procs))
+        m.machine = machine()
         for p, (proc, _) in zip(m.proxies, proxies):
             p.rss_mib = peak_rss_mib(proc.pid)
             said = re.search(r"event loop: ([^;)]+)", (tmp / f"{p.name.replace('proxied', 'proxy')}.log").read_text(
@@ -618,6 +687,7 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
         + (f"; harness {args.harness}" if hasattr(args, "harness") else ""),
         *harness.table(rows, header=("", "TTFB p50", "TTFB p99", "total p50", "total p99", "req/s")),
         *spread(args, m, ""),
+        *([m.machine.line()] if m.machine is not None else []),
     ]
     if pinned is not None:
         over, worst = overhead(pinned, pinned.proxies[0])
@@ -637,6 +707,9 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
             f"  {who}overhead: " + ", ".join(f"{k} {v:+.2f} ms" for k, v in over.items()),
             f"  {who or 'proxy '}CPU: {1000 * p.cpu / len(p.xs):.3f} ms per proxied request (its process only: "
             f"{p.cpu:.2f} CPU-s for {len(p.xs)} requests), peak RSS {p.rss_mib:.0f} MiB, event loop {p.loop}",
+            *([f"  {who or 'proxy '}system calls: {p.reads / len(p.xs):.1f} reads and {p.writes / len(p.xs):.1f} writes "
+               f"per proxied request of {args.chunks} events (/proc/PID/io; the least is a read and a write per "
+               f"event, plus the request's)"] if p.reads else []),
             f"  others on this machine during the {who}proxied rounds: {p.others:.2f} CPU-s "
             f"({100 * p.others / p.secs / os.cpu_count():.0f} % of the CPUs)",
             f"  {who}p99 overhead at {args.streams} streams{rewriting}: {worst:.2f} ms ({T_OVERHEAD.check(worst)})"

@@ -121,3 +121,28 @@ def test_direct_against_direct_again_reads_the_benchmarks_own_noise():
                        again=[*xs(0.010), *xs(0.013)])
     line = next(x for x in route.spread(argparse.Namespace(), m, "") if "direct again" in x)
     assert line.endswith("the benchmark's own noise on the target's figure): +3.00 ms; by round +0.00, +3.00")
+
+
+def test_each_run_says_how_fast_its_hour_was_steal_and_a_fixed_probe(monkeypatch):
+    """The same proxy read 0.85-0.97 and 1.07-1.21 ms of CPU a request in two quiet
+    windows an hour apart: a run prints the VM's steal over its wall time (as a share
+    of all CPUs) and a fixed CPU-bound probe at its start and end, so a slow hour
+    reads as one; and the proxy's system calls per request, whose least is known."""
+    steal, clock, probes = iter([100.0, 103.0]), iter([10.0, 40.0]), iter([48.0, 61.5])
+    monkeypatch.setattr(route, "steal_s", lambda: next(steal))
+    monkeypatch.setattr(route.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(route, "probe_ms", lambda: next(probes))
+    monkeypatch.setattr(route.os, "cpu_count", lambda: 2)
+    m = route.watch_machine()()
+    assert (m.probe_start_ms, m.probe_end_ms, m.secs) == (48.0, 61.5, 30.0)
+    assert m.steal == pytest.approx(3.0 / 60.0)  # 3 CPU-s stolen of 2 CPUs x 30 s
+    assert "48.0 ms of CPU at the start and 61.5 at the end" in m.line() and "steal 5.0 % of the 2 CPUs" in m.line()
+
+    run = route.Measured([(0.010, 0.5)] * 10, 1.0, [route.Proxied("proxied", [(0.011, 0.5, False)] * 10, secs=1.0,
+                                                                  cpu=0.01, reads=220, writes=215)], machine=m)
+    args = argparse.Namespace(streams=10, requests=1, rounds=1, chunks=20, pace=0.025, prompt=None, baseline=None)
+    lines = route.report(["title"], args, run)
+    assert m.line() in lines
+    assert any(x.startswith("  proxy system calls: 22.0 reads and 21.5 writes per proxied request of 20 events")
+               for x in lines)
+    assert lines[-1].startswith("  p99 overhead at 10 streams: ")  # the target line stays the last, unchanged
