@@ -82,6 +82,24 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     return b"".join(parts)
 
 
+def held_head(resp: web.StreamResponse) -> bytes:
+    """The head of a prepared response that aiohttp still holds, taken (b"" once sent).
+
+    A response that opts out of sending its head at once (`_send_headers_immediately`,
+    as aiohttp's own `Response` does) has it held until its first body write; the
+    proxy writes a stream's pieces to the socket itself, from the upstream's callback,
+    so it takes the head and sends it with the first event in one send. Apart, it was
+    one send in every ~22 of a streamed answer (and a wake-up of the client) for
+    bytes no OpenAI client acts on before the first event. An aiohttp that sends the
+    head in `prepare` regardless holds nothing: b"". A head never taken (an answer
+    with no body piece) goes out with the end, as aiohttp sends it."""
+    w = resp._payload_writer
+    if w is None or getattr(w, "_headers_written", True) or not getattr(w, "_headers_buf", None):
+        return b""
+    head, w._headers_buf, w._headers_written = w._headers_buf, None, True
+    return head
+
+
 class Proxy:
     def __init__(self, cfg: RouteConfig, table: RouteTable, metrics: Metrics) -> None:
         self.cfg, self.table, self.metrics = cfg, table, metrics
@@ -332,9 +350,9 @@ class Proxy:
                       skipped, mark: bytes | None = None) -> web.StreamResponse:
         resp = web.StreamResponse(status=ex.status, headers=self._headers(ex, name, version, skipped, mark))
         resp.enable_chunked_encoding()
+        resp._send_headers_immediately = False  # the head held for the first piece (or the end): one send, not two
         try:
             await resp.prepare(request)
-            await resp.write(b"")  # the head is on the socket now; the body's pieces follow it there
         except ConnectionError:
             return self._client_gone(resp, name, version)
         self._done(name, version, ex.status, t0, waited)
@@ -344,12 +362,19 @@ class Proxy:
 
         marker = StreamMarker(mark) if mark is not None else None
 
+        head = True  # still held by aiohttp: it goes out with the first piece
+
         def write(piece: bytes) -> None:  # called from the upstream socket's callback, per read as it arrives
+            nonlocal head
             if out.is_closing():
                 return
             if marker is not None and not (piece := marker.feed(piece)):
                 return
-            out.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            if head:
+                head = False
+                out.write(b"%s%x\r\n%s\r\n" % (held_head(resp), len(piece), piece))
+            else:
+                out.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             if out.get_write_buffer_size() > HIGH_WATER and not ex.conn.paused:
                 ex.conn.paused = True
                 ex.conn.transport.pause_reading()
