@@ -85,18 +85,50 @@ FORMS = ("auto", "process", "thread")  # collector.flusher
 MEMORY_ENV = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "ARROW_DEFAULT_MEMORY_POOL")
 
 
-def settings_tag(form: str, resolved: str, no_grpc: bool, environ=os.environ) -> str:
+def settings_tag(form: str, resolved: str, no_grpc: bool, environ=os.environ,
+                 flush_interval: float | None = None) -> str:
     """Which settings a collector ran with, for the targets' lines: the collector's
     defaults unless a NIGHTSHIFT_COLLECTOR_* variable or an allocator variable was
     set where the benchmark ran (the collector inherits them), the flusher's form
-    as asked and as resolved, and gRPC. The flush interval is the benchmark's own
-    (`--flush-interval`), the same on every line."""
+    as asked and as resolved, and gRPC. The flush interval, given, is named too:
+    it is the benchmark's own (`--flush-interval`), not the collector's 10 s, and
+    the ratio depends on it (a 10 s segment reaches Parquet 10 s late whatever the
+    flusher's speed), so a line read alone must say so."""
     told = [f"{k.removeprefix('NIGHTSHIFT_COLLECTOR_').lower()}={v}" for k, v in sorted(environ.items())
             if k.startswith("NIGHTSHIFT_COLLECTOR_") and k not in ("NIGHTSHIFT_COLLECTOR_FLUSHER",
                                                                    "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL")]
     told += [f"{k}={environ[k]}" for k in MEMORY_ENV if environ.get(k)]
     flusher = f"flusher {form}" + (f"->{resolved}" if resolved != form else "")
-    return ", ".join([flusher, "grpc off" if no_grpc else "grpc on", *(told or ["the rest at the defaults"])])
+    interval = [] if flush_interval is None else [f"flush_interval {flush_interval:g} s (the benchmark's)"]
+    return ", ".join([flusher, "grpc off" if no_grpc else "grpc on", *interval,
+                      *(told or ["the rest at the defaults"])])
+
+
+#: The collector's settings the flusher alone reads as the running collector does
+#: (`_ALONE`): what its CPU-seconds per span depend on besides the spans.
+FLUSHER_SETTINGS = ("flush_chunk_bytes", "compression", "dedup_memory", "dedup_window")
+
+
+def flusher_tag(environ=os.environ) -> str:
+    """The settings the flusher alone ran with, by value (`FLUSHER_SETTINGS` as the
+    collector reads them from `environ`, and Arrow's allocator as the flusher
+    chooses it), each marked where a variable set it: its line is a target's
+    companion, compared across runs that may not share their variables."""
+    from nightshift.collector import flusher_process
+    from nightshift.collector.config import CollectorConfig
+    from nightshift.settings import load
+
+    env = {k: v for k, v in environ.items() if k.startswith("NIGHTSHIFT_COLLECTOR_")}
+    cfg = load(CollectorConfig, "collector", env=env, check=False)
+    parts = []
+    for name in FLUSHER_SETTINGS:
+        v = getattr(cfg, name)
+        text = f"{v / 2**20:g}MiB" if name.endswith(("_bytes", "_memory")) else f"{v:g}s" if isinstance(v, float) else str(v)
+        parts.append(f"{name}={text}" + (" (set)" if f"NIGHTSHIFT_COLLECTOR_{name.upper()}" in env else ""))
+    pool = flusher_process.child_environment(environ)["ARROW_DEFAULT_MEMORY_POOL"]
+    parts.append(f"Arrow pool {pool}" + (" (set)" if environ.get("ARROW_DEFAULT_MEMORY_POOL") else ""))
+    parts += [f"{k}={environ[k]}" for k in MEMORY_ENV if k != "ARROW_DEFAULT_MEMORY_POOL" and environ.get(k)]
+    return ", ".join(parts)
 T_RSS_MB = Target("<=", 150.0, f"150 MB at {T_RSS_RATE // 1000}k spans/s", name="sidecar RSS")  # issue 28
 T_SUSTAINED = Target(">=", 0.8, "0.8x the acknowledged rate", name="sustained/acknowledged")  # issue 28
 
@@ -996,7 +1028,7 @@ def report_sustained_rate(rep: harness.Report, args: argparse.Namespace, load: L
     rss = load.rss.stats.get("sustained", RssStats())
     rss_mb = rss.max_sum * MB / 1e6
     rep.say()
-    rep.say(f"sustained at {fmt(args.sustained_rate)} spans/s, flusher as a {load.resolved or load.form} ({settings_tag(load.form, load.resolved or load.form, args.no_grpc)}; {args.senders} {args.transport} senders, open loop, "
+    rep.say(f"sustained at {fmt(args.sustained_rate)} spans/s, flusher as a {load.resolved or load.form} ({settings_tag(load.form, load.resolved or load.form, args.no_grpc, flush_interval=args.flush_interval)}; {args.senders} {args.transport} senders, open loop, "
             f"{args.sustained_seconds:.0f} s; issue 28's targets{'; the collector on HTTP alone, --grpc off' if args.no_grpc else ''}):")
     rep.extend(phase_lines(ph))
     rep.say(f"  offered {fmt(sus.offered)} spans/s of the {fmt(args.sustained_rate)} asked (sends late by more than "
@@ -1459,7 +1491,8 @@ def report_sidecar(rep: harness.Report, runs: list[SizeRun]) -> None:
         rep.say(f"  {r.label} {fmt(full.rate):>15} {fmt(r.fig.sustained):>13} {ratio:>6.2f} {r.fig.rss_full_mb:>7.0f} "
                 f"{r.fig.anon_full_mb:>8.0f}   other cores busy {full.other_cpu / full.elapsed:.2f}")
     rep.say("  (anon: RSS less mapped files' pages, which the kernel shares and may drop; the target is on RSS)")
-    rep.say("  the flusher alone, the contention-robust figure (a fresh process flushing a 100k-span segment):")
+    rep.say("  the flusher alone, the contention-robust figure (a fresh process flushing a 100k-span segment; "
+            f"settings: {flusher_tag()}):")
     for r in (r for r in runs if r.form == runs[0].form):  # once per size: the same fresh process for both forms
         a = r.alone
         rep.say(f"    {f'~{r.kb:g} KB' if r.kb else '1-10 KB'}: {1e5 * a['cpu'] / a['spans']:.2f} CPU-s per 100k spans "
@@ -1515,6 +1548,7 @@ def run_size(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float
             f"spans = {fmt(alone['per_cpu'])} spans per CPU-second; RSS {alone['imports_mib']:.0f} MiB after its imports, "
             f"peak {alone['peak_mib']:.0f} MiB; {steady_line(alone)}")
     rep.say(f"  {parts_line(alone)}")
+    rep.say(f"  settings: {flusher_tag()}")
     rep.say()
     rep.say("Parquet codec trade-off (this run's spans converted once, written as the flusher writes them):")
     rep.extend(parquet_tradeoff(templates), indent="  ")
@@ -1545,7 +1579,7 @@ def run_form(args: argparse.Namespace, rep: harness.Report, tmp: Path, kb: float
         report_overload(rep, args, over, load)
     report_summary(rep, load, fig, stored)
     return SizeRun(kb, templates, load, fig, stored, alone, over, form,
-                   settings_tag(form, load.resolved or form, args.no_grpc))
+                   settings_tag(form, load.resolved or form, args.no_grpc, flush_interval=args.flush_interval))
 
 
 def main() -> int:

@@ -141,3 +141,25 @@ def test_the_ingest_benchmarks_targets_say_what_each_line_ran_with():
            "NIGHTSHIFT_COLLECTOR_FLUSHER": "process", "MALLOC_ARENA_MAX": "1", "HOME": "/root"}
     assert ingest.settings_tag("process", "process", True, env) == \
         "flusher process, grpc off, flush_chunk_bytes=4MiB, MALLOC_ARENA_MAX=1"
+
+
+def test_the_ingest_benchmarks_lines_name_the_flush_interval_and_the_flushers_settings():
+    """The sustained ratio depends on the benchmark's own flush interval (0.5 s;
+    the collector's is 10 s), and the flusher-alone CPU-seconds on the chunk size,
+    codec and key budget it read from the variables: each line read alone (the
+    lead's quiet re-measure) must say which."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import ingest
+    finally:
+        del sys.path[0]
+    assert ingest.settings_tag("auto", "thread", False, {}, flush_interval=0.5) == \
+        "flusher auto->thread, grpc on, flush_interval 0.5 s (the benchmark's), the rest at the defaults"
+    assert ingest.flusher_tag({}) == \
+        "flush_chunk_bytes=2MiB, compression=zstd, dedup_memory=4MiB, dedup_window=600s, Arrow pool jemalloc"
+    env = {"NIGHTSHIFT_COLLECTOR_FLUSH_CHUNK_BYTES": "4MiB", "NIGHTSHIFT_COLLECTOR_COMPRESSION": "lz4",
+           "ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_MMAP_THRESHOLD_": "1048576"}
+    assert ingest.flusher_tag(env) == ("flush_chunk_bytes=4MiB (set), compression=lz4 (set), dedup_memory=4MiB, "
+                                       "dedup_window=600s, Arrow pool system (set), MALLOC_MMAP_THRESHOLD_=1048576")
