@@ -46,6 +46,7 @@ class Exchange:
         self.body: list[bytes] = []  # pieces not yet given to `write` (all of them until `pipe`)
         self.write = None  # set by pipe(): called with the pieces of each read from the upstream
         self.conn: Connection | None = None
+        self.dropped = False  # the caller is done with it (Pool.drop): a retry sends nothing
 
     def pipe(self, write) -> None:
         """Hand the body to `write` from now on: what came before goes out at once, as
@@ -74,6 +75,8 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.last = time.monotonic()
         self.paused = False
+        self.sent = 0  # requests sent on it: from the second on, it was kept alive in between
+        self.unanswered: bytes | None = None  # the request in flight, until its answer's first byte
 
     # asyncio
     def connection_made(self, transport) -> None:
@@ -87,7 +90,7 @@ class Connection(asyncio.Protocol):
         send is most of a piece's cost, and a proxy that falls behind reads several
         chunks at once. The read that ends the answer is left for the caller
         (`Exchange.tail`), which sends it with the answer's end."""
-        self.last = time.monotonic()
+        self.last, self.unanswered = time.monotonic(), None
         ex = self.ex
         try:
             self.parser.feed_data(data)
@@ -106,6 +109,9 @@ class Connection(asyncio.Protocol):
         reason = self.pool.closing_reason.pop(self, "broken")
         if self.ex is not None:
             ex, self.ex = self.ex, None
+            if reason == "broken" and self.sent > 1 and self.unanswered is not None and not self.pool.closed:
+                self.pool.retry(ex, self.unanswered)
+                return
             where = "inside its answer" if ex.head.done() else "before answering"
             if reason == "timeout":
                 why = (f"nothing came for {self.pool.read_timeout:g} s {where} (route.read_timeout), so the proxy "
@@ -149,6 +155,7 @@ class Connection(asyncio.Protocol):
     # the exchange
     def send(self, request: bytes, ex: Exchange) -> None:
         self.ex, self.last, ex.conn = ex, time.monotonic(), self
+        self.sent, self.unanswered = self.sent + 1, request
         self.parser = httptools.HttpResponseParser(self)
         self.transport.write(request)
 
@@ -171,6 +178,8 @@ class Pool:
         self.busy: set[Connection] = set()
         self.closing_reason: dict[Connection, str] = {}
         self._sweeper: asyncio.Task | None = None
+        self._retries: set[asyncio.Task] = set()
+        self.closed = False  # stopping: nothing is sent again
 
     async def exchange(self, request: bytes, head_only: bool = False) -> Exchange:
         """Send `request` on an idle connection (or a new one); the Exchange to wait on."""
@@ -205,6 +214,29 @@ class Pool:
             raise UpstreamError("connect", f"{type(e).__name__}: {e.strerror or e}") from None
         return conn
 
+    def retry(self, ex: Exchange, request: bytes) -> None:
+        """Send `request` again, on a new connection: the kept-alive one it went out on
+        closed before a byte of its answer came. That is the upstream's idle timeout
+        crossing the request (vLLM closes a connection idle for 5 s), not an answer
+        that broke, and the upstream never began it; a client got a 502 for it. Once
+        only, and never for a connection's first request: an upstream that closes on
+        every request is still a 502 that says so."""
+        async def again() -> None:
+            try:
+                conn = await self._connect(asyncio.get_running_loop())
+            except UpstreamError as e:
+                ex.fail(e)
+                return
+            if ex.dropped:  # its client went away meanwhile
+                self.release(conn)
+                return
+            self.busy.add(conn)
+            conn.send(request, ex)  # its first request: lost again, it is the upstream's answer (a 502)
+
+        task = asyncio.get_running_loop().create_task(again())
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
     def release(self, conn: Connection) -> None:
         self.busy.discard(conn)
         self.idle.append(conn)
@@ -220,7 +252,7 @@ class Pool:
         Its writer goes too: a closure over the exchange, a reference cycle that left
         every streamed answer (its futures, a prompt trial's marker) to the collector,
         whose passes over hundreds of them at 200 streams stalled every stream at once."""
-        ex.write = None
+        ex.write, ex.dropped = None, True
         conn = ex.conn
         if conn is not None and conn.ex is ex:
             conn.ex = None
@@ -236,6 +268,7 @@ class Pool:
                     conn.transport.abort()
 
     async def close(self) -> None:
+        self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         for conn in self.idle + list(self.busy):
