@@ -29,8 +29,18 @@ def arrive(job: int, shared: tuple[str, float]) -> int:
     return job
 
 
-def has(job: int, module: str) -> bool:
-    """Whether the process running the job had imported `module` before it."""
+def has(job: int, shared: tuple[str, float]) -> tuple[bool, int]:
+    """Whether the process running the job had imported `module` before it, and the
+    process; then works (sleeps) a while, so the process stays busy."""
     import sys
 
-    return module in sys.modules
+    module, seconds = shared
+    there = module in sys.modules
+    time.sleep(seconds)
+    return there, os.getpid()
+
+
+def where(seconds: float, shared: object = None) -> int:
+    """The process that ran the job, after working (sleeping) the job's seconds."""
+    time.sleep(seconds)
+    return os.getpid()

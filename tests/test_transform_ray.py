@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import polars as pl
@@ -17,6 +18,7 @@ import pytest
 import ray
 
 from nightshift.transform import build as B
+from nightshift.transform.distributed import LEAN
 from test_incremental import SETTLE, History, cfg_for
 from test_transform_ray_cut import lake
 from traces import T0, Trace, agent_run, genai_call, write_spans
@@ -29,7 +31,8 @@ TESTS = str(Path(__file__).resolve().parent)
 def cluster(tmp_path_factory):
     marker = tmp_path_factory.mktemp("kill") / "killed"
     env = {"PYTHONPATH": os.pathsep.join([TESTS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-           "NIGHTSHIFT_TEST_KILL_ONCE": str(marker), "RAY_AUTH_MODE": "disabled"}
+           "NIGHTSHIFT_TEST_KILL_ONCE": str(marker), "RAY_AUTH_MODE": "disabled",
+           **{k: v for k, v in LEAN.items() if k not in os.environ}}  # as a build's own cluster runs
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the workers inherit them: the tests' modules, the kill switch
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 << 20, logging_level="WARNING")
@@ -227,11 +230,16 @@ def test_the_heaviest_jobs_are_handed_out_first_and_results_come_back_in_the_job
     assert set(taken[:2]) == {1, 3} and set(taken[2:]) == {0, 2}, taken  # in the jobs' order: 0 and 1 first
 
 
-def test_a_spread_rounds_processes_are_started_and_warm_before_it(tmp_path, cluster):
-    """`prestart`: three dates on two CPUs take three processes, and Ray started the
-    third only with the round, a second late, its imports taken from the other two.
-    Started while the driver pools the advantages, each has imported the round's
-    module (`netrc` here: nothing in a worker imports it, `colorsys` Ray does) when its task comes."""
+def test_a_spread_rounds_extra_process_starts_in_the_round_before_and_stays(tmp_path, cluster):
+    """`prestart` before the buckets: three dates on two CPUs take three processes,
+    and Ray started the third only with the round, its imports taken from the other
+    two; prestarted between the rounds (ray6), the warm two waited for it. Now it
+    starts as the round before's last tasks run (a task of no CPU: a process of its
+    own), imports the next round's module (`netrc` here: nothing in a worker imports
+    it, `colorsys` Ray does), and stays while the driver pools the advantages (LEAN,
+    as on a build's own cluster: Ray stopped an idle process beyond one per CPU after
+    a second, and the round had two processes, or a new one); the round runs on the
+    three, none started anew."""
     import ray_together
 
     from nightshift.transform import distributed
@@ -239,10 +247,19 @@ def test_a_spread_rounds_processes_are_started_and_warm_before_it(tmp_path, clus
 
     with distributed.Engine(BuildConfig(engine="ray")) as engine:  # the module's cluster: 2 CPUs
         engine.prestart("netrc", 3)
-        warm = engine.run(ray_together.has, [0, 1, 2], "netrc", spread=True)
-        engine.prestart("netrc", 2)  # two jobs on two CPUs: the warm workers, nothing to start
+        assert engine._warming is None  # armed, not started: the round before has its workers to itself
+        before = engine.run(ray_together.where, [0.2, 0.2, 2.0, 2.0], None)  # the last two run 2 s together
+        assert engine._warming is not None  # started in that round's tail
+        refs = engine._warming
+        time.sleep(1.5)  # the driver pools the advantages: Ray stopped a process beyond one per CPU idle a second
+        warm = engine.run(ray_together.has, [0, 1, 2], ("netrc", 0.5), spread=True, weights=[3, 2, 1])
+        (started,) = ray.get(refs)
         assert engine._warming is None
-    assert warm == [True, True, True]
+        engine.prestart("netrc", 2)  # two jobs on two CPUs: the warm workers, nothing to start
+        assert engine._armed is None
+    assert started not in before  # a process of its own, not a worker of the round before
+    assert {pid for _, pid in warm} == set(before) | {started}  # all kept idle, none started anew for the round
+    assert all(there == (pid == started) for there, pid in warm)  # the module imported in it, before its job
 
 
 def test_scratch_a_task_is_done_with_is_removed_while_the_others_run(tmp_path, cluster, monkeypatch):

@@ -89,6 +89,8 @@ def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after(mon
         # no task events (nobody reads a build's own cluster's state API; the stop waited for them)...
         assert engine.run(os.getenv, [events], "unset") == ["0"]
         assert os.environ.get(events) is None  # ...and the driver's environment as it was
+        # idle workers kept: a spread round's extra process waits out the advantages (Engine.prestart)
+        assert engine.run(os.getenv, ["RAY_idle_worker_killing_time_threshold_ms"], "unset") == [str(distributed.IDLE_MS)]
         stop = engine._stop
         engine._stop = lambda: (stopped_in.append(threading.current_thread()), stop())
         engine.release()  # the last round done: the cluster stops while the driver commits

@@ -1301,6 +1301,13 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
         if engine.remote and len(jobs) < engine.cpus:
             log.warning("%d bucket(s) of traces for %d Ray CPUs: set build.buckets (e.g. %d) to use them all",
                         len(jobs), engine.cpus, 2 * engine.cpus)
+        window_days = dates if dates is not None else {
+            d for d in inputs.spans if (not since or dt.date.fromisoformat(d) >= since)
+            and (not until or dt.date.fromisoformat(d) <= until)}
+        if plan is not None and dates is None:  # transitions are made from spans: a date without any has none
+            window_days = window_days | set(inputs.partitions)
+        if engine.remote and output.is_local(fs):  # the dates' round's extra worker processes start in the
+            engine.prestart(stage_day.__module__, len(window_days))  # buckets' tail (its dates: the window's)
         bar.set_description("build")
         done = _engine_run(engine, run_bucket, jobs, cfg, shared, lambda: bar.update(1),
                            weights=[_bytes(j.split + j.log_split) for j in jobs] if engine.remote else None,
@@ -1318,11 +1325,6 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             for part, day, path in d.frames:
                 held[day].append((part, path))
             slim += [d.slim] if d.slim else []
-        window_days = dates if dates is not None else {
-            d for d in inputs.spans if (not since or dt.date.fromisoformat(d) >= since)
-            and (not until or dt.date.fromisoformat(d) <= until)}
-        if plan is not None and dates is None:  # transitions are made from spans: a date without any has none
-            window_days = window_days | set(inputs.partitions)
         days = sorted(window_days | set(held))
         kept: dict[int, tuple[str, str]] = {}  # the partitions an incremental build keeps join the pool
         for i, day in enumerate(sorted(set(inputs.partitions) - dates) if dates is not None else ()):
@@ -1335,9 +1337,6 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             slim.append(spill.write_ipc(k.drop("_was").with_columns(pl.lit(part, pl.UInt64).alias("_part")),
                                         os.path.join(tmp, f"slim-kept-{day}.arrow")))
             del k
-        if engine.remote and output.is_local(fs):  # the dates' worker processes start while the driver pools
-            engine.prestart(stage_day.__module__, len(days))  # not before the kept partitions: Ray stops a
-            # process beyond one per CPU once idle a second (idle_worker_killing_time_threshold_ms)
         # per-group sums from the spilled parts: no per-row table held for the whole window
         adv = spill.advantages(slim, os.path.join(tmp, "advantages"), cfg.advantage.baseline,
                                cfg.advantage.normalize)

@@ -62,7 +62,8 @@ class Engine:
         #: in CPU-seconds, which other processes on a shared machine do not inflate as they do wall time
         self.usage: dict[str, list[float]] = {}
         self._stop: Callable[[], None] | None = None  # set when this engine started (or joined) the cluster
-        self._warming: tuple[str, list] | None = None  # Engine.prestart's folder and tasks
+        self._armed: tuple[str, int] | None = None  # Engine.prestart's module and processes, till fired
+        self._warming: list | None = None  # the fired prestart's tasks
         self._stopping: threading.Thread | None = None  # Engine.release's
 
     def __enter__(self) -> "Engine":
@@ -74,6 +75,7 @@ class Engine:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._armed = None
         if self.remote and self._warming is not None:
             self._warmed()
         if self._stop is not None:
@@ -89,6 +91,7 @@ class Engine:
         waits for it. Stopping a local cluster is the driver's: the raylet, the GCS
         and the agents told to stop and waited for, 0.4 s after the last task of every
         build, with the workers idle."""
+        self._armed = None
         if self._stop is None or self._stopping is not None:
             return
         if self._warming is not None:
@@ -129,67 +132,87 @@ class Engine:
                 each(i)
                 tick()
             return out
-        try:
-            return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0,
-                           order(weights) if weights is not None else None, each)
-        finally:
-            self._warmed()
+        warming, self._warming = self._warming, None  # fired in the round before: for this round's last tasks
+        armed, self._armed = self._armed, None  # this round's tail starts the next round's processes
+
+        def tail(left: int) -> None:  # after each result, `left` tasks unfinished
+            nonlocal armed
+            if armed is not None and self.cpus <= left <= WAVES * self.cpus:  # the last waves: every worker busy
+                self._warming, armed = _fire(*armed), None
+
+        return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0,
+                       order(weights) if weights is not None else None, each,
+                       tail, len(warming) if warming else 0, lambda: _release(warming))
 
 
     def prestart(self, module: str, jobs: int) -> None:
-        """Before a spread round of `jobs` (`run`), while the driver works alone (the
-        advantages, between the buckets and the dates), the worker processes the
-        round needs beyond the warm ones are started and import `module`. A spread
-        round on two CPUs runs three tasks, and Ray starts the third process only
-        when the round is handed out: it began a second behind the other two, paid
-        its imports (about a CPU-second) on cores the others were using, and finished
-        alone. Here that happens on the core the driver leaves idle. The round's
-        tasks queue behind these (the same CPU share), so nothing waits for them.
-        On one machine only: the processes meet through a folder."""
-        cpus = share(self.cpus, jobs)
-        if not self.remote or cpus == 1.0:
+        """Called before the round that comes before a spread round of `jobs` (the
+        buckets, before the dates): the processes the spread round needs beyond one
+        per CPU are started in that round's tail, import `module` and wait, idle.
+
+        A spread round on two CPUs runs three tasks, and Ray starts the third process
+        only when the round is handed out. Started while the driver pooled the
+        advantages (ray6), the two warm workers waited for it to meet them (1.2 s at
+        load 13, the round's first tasks that late) and its date still started 2.4 s
+        after theirs, its imports done: at 1M the advantages take 0.5 s, a process
+        and the build's imports 1.5 CPU-s. Started as the previous round's last
+        WAVES tasks per worker run (every worker on one: a task of no CPU then gets a
+        process of its own), it has those, the round's tail and the advantages to
+        start in, and stays (`LEAN`: Ray would stop an idle process beyond one per
+        CPU after a second, and the warm ones with it).
+        The spread round's heaviest tasks go to the warm workers at once, its last
+        ones once the new processes are ready. A previous round with no more tasks
+        than CPUs has no such tail: Ray starts the process with the round, as
+        before. On one machine only: on several, Ray may start it on a machine the
+        round's tasks do not go to."""
+        if not self.remote or share(self.cpus, jobs) == 1.0:
             return
         import ray
 
         if len(ray.nodes()) != 1:
             return
-        import tempfile
-
-        folder = tempfile.mkdtemp(prefix="nightshift-prestart-")
-        task = ray.remote(num_cpus=cpus, max_retries=0)(_meet)
-        self._warming = (folder, [task.remote(module, folder, jobs) for _ in range(jobs)])
+        self._armed = (module, jobs - self.cpus)
 
     def _warmed(self) -> None:
-        """The prestart's folder removed once its tasks are done (they take a second)."""
-        if self._warming is None:
-            return
-        import shutil
+        """A fired prestart whose round never came (the build failed): its tasks done
+        before the cluster stops."""
+        warming, self._warming = self._warming, None
+        _release(warming)
 
+
+def _fire(module: str, processes: int) -> list:
+    """`processes` new worker processes, each importing `module` (`_warm`)."""
+    import ray
+
+    task = ray.remote(num_cpus=0, max_retries=0)(_warm)
+    return [task.remote(module) for _ in range(processes)]
+
+
+def _release(warming: list | None) -> None:
+    """Wait (PATIENCE at most) for the prestarted processes to be done importing, so
+    that Ray hands the round's held tasks to them, idle, and starts no process of
+    its own for them; the round's other tasks are running meanwhile."""
+    if warming:
         import ray
 
-        folder, refs = self._warming
-        self._warming = None
-        ray.wait(refs, num_returns=len(refs), timeout=PATIENCE + 5)
-        shutil.rmtree(folder, ignore_errors=True)
+        ray.wait(warming, num_returns=len(warming), timeout=PATIENCE)
 
 
-#: How long a prestarted process waits for the others of its round (`Engine.prestart`): a process
-#: starts in about a second; should one take longer the round's first tasks wait at most this
+#: The prestart's processes start when this many tasks per CPU are left of the round before (`Engine.run`):
+#: a bucket of the 1M benchmark takes 0.66 s on a quiet machine, a process and its imports 1.5 CPU-s on
+#: cores the buckets are using
+WAVES = 3
+#: How long the driver waits for a prestarted process still importing when the round that needs it is
+#: handed out (`_release`): a process starts in about a second; should one take longer, Ray's own
 PATIENCE = 3.0
 
 
-def _meet(module: str, folder: str, processes: int) -> None:
-    """Wait until `processes` tasks have started, each in its own process (a task
-    that ended would free its process for the next one), importing `module`
-    meanwhile: the warm processes, which have it, wait only for the new ones to
-    start, not for their imports."""
+def _warm(module: str) -> int:
+    """Import `module` in a process of its own; the process stays (`LEAN`: idle workers kept)."""
     import importlib
 
-    open(os.path.join(folder, str(os.getpid())), "w").close()
     importlib.import_module(module)
-    deadline = time.monotonic() + PATIENCE
-    while time.monotonic() < deadline and len(os.listdir(folder)) < processes:
-        time.sleep(0.02)
+    return os.getpid()
 
 
 def _reachable(address: str) -> str:
@@ -266,12 +289,18 @@ def _init(settings) -> Callable[[], None] | None:
 #: The local cluster's object store: tasks get paths and return small summaries, parts go through files
 OBJECT_STORE = 128 << 20
 
+#: How long an idle worker process lives beyond one per CPU on a build's own cluster (Ray: a second): a
+#: spread round's extra process is started in the round before (`Engine.prestart`) and waits out the
+#: driver's advantages, and so do the warm workers idle in the buckets' tail; with a second, Ray stopped
+#: one of the three (tests/test_transform_ray.py, 1.5 s between the rounds: the round had two processes)
+IDLE_MS = 600_000
+
 #: Ray's settings for a build's own cluster, where not set already. No task events: every worker sends
 #: its tasks' to the GCS for the state API and the dashboard, which nobody reads on a build's own
 #: cluster, and the driver flushes its own on the way out: the cluster's stop took 0.12 s median
 #: without them against 0.36 s with (7 pairs alternating, load 4-8). Set it (to 1000) to profile a
-#: build with `ray.timeline()`.
-LEAN = {"RAY_task_events_report_interval_ms": "0"}
+#: build with `ray.timeline()`. Idle workers kept (IDLE_MS).
+LEAN = {"RAY_task_events_report_interval_ms": "0", "RAY_idle_worker_killing_time_threshold_ms": str(IDLE_MS)}
 
 
 @contextlib.contextmanager
@@ -370,16 +399,25 @@ def order(weights: list[int]) -> list[int]:
 
 
 def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float = 1.0,
-            first: list[int] | None = None, each: Callable[[int], None] = lambda i: None):
+            first: list[int] | None = None, each: Callable[[int], None] = lambda i: None,
+            tail: Callable[[int], None] = lambda left: None, held: int = 0, release: Callable[[], None] = lambda: None):
+    """`held`: the last (lightest) tasks submitted only once `release()` has freed
+    the processes started for them (`Engine.prestart`): submitted with the others,
+    Ray would start processes of its own for them while those still wait."""
     import ray
 
     task = ray.remote(num_cpus=cpus, max_retries=RETRIES)(_remote)
     shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
-    refs = {task.remote(work, jobs[i], shared_ref): i for i in (first if first is not None else range(len(jobs)))}
+    ids = first if first is not None else list(range(len(jobs)))
+    cut = max(len(ids) - held, 0)
+    refs = {task.remote(work, jobs[i], shared_ref): i for i in ids[:cut]}
+    release()
+    refs.update({task.remote(work, jobs[i], shared_ref): i for i in ids[cut:]})
     out: list = [None] * len(jobs)
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
+        tail(len(pending))
         try:
             out[refs[ready[0]]], who, cpu, rss = ray.get(ready[0])
             mine = usage.setdefault(who, [0.0, 0])
