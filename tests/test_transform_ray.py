@@ -66,7 +66,7 @@ def mirror(data: Path, to: Path) -> Path:
 
 def lines(summary, data) -> list[str]:
     """The summary, less its time and the workers' memory, the data folder's name as DATA."""
-    skip = ("transitions:", "ray:", "time:")
+    skip = ("transitions:", "ray:", "ray idle", "time:")
     return [x.replace(str(data), "DATA") for x in summary.lines() if not x.startswith(skip)] + [
         f"{summary.transitions} {summary.trajectories} {summary.spans} {summary.buckets}"]
 

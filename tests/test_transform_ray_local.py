@@ -82,6 +82,8 @@ def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after(mon
     stopped_in = []
     events = "RAY_task_events_report_interval_ms"
     monkeypatch.delenv(events, raising=False)
+    tests = os.path.dirname(os.path.abspath(__file__))  # the workers import ray_together from here
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     with distributed.Engine(settings) as engine:
         running = ray_processes()
         assert engine.cpus == 2
@@ -91,6 +93,10 @@ def test_a_local_cluster_has_the_processes_a_build_uses_and_is_stopped_after(mon
         assert os.environ.get(events) is None  # ...and the driver's environment as it was
         # idle workers kept: a spread round's extra process waits out the advantages (Engine.prestart)
         assert engine.run(os.getenv, ["RAY_idle_worker_killing_time_threshold_ms"], "unset") == [str(distributed.IDLE_MS)]
+        # each worker imported the build's modules as it started, not on its first task of them (preload)
+        import ray_together
+
+        assert [there for there, _ in engine.run(ray_together.has, [0, 1], (distributed.PRELOAD, 0.0))] == [True, True]
         stop = engine._stop
         engine._stop = lambda: (stopped_in.append(threading.current_thread()), stop())
         engine.release()  # the last round done: the cluster stops while the driver commits

@@ -93,6 +93,8 @@ class Summary:
     #: seconds of the build's phases (split, buckets, advantages, partitions), and of every bucket's own work summed
     phases: dict[str, float] = field(default_factory=dict)
     bucket_seconds: float = 0.0
+    #: each Ray round's idle worker-seconds (`distributed.Engine.idle`), by the round's function
+    ray_idle: list[tuple[str, float]] = field(default_factory=list)
 
     def add(self, other: "Summary") -> None:
         """Add what one bucket found, as if this build had gone on to build it: buckets
@@ -164,6 +166,8 @@ class Summary:
                        + ", ".join(f"{v / 2**20:.0f} MiB" for _, v in sorted(self.workers.items()))
                        + "; tasks' CPU " + ", ".join(f"{self.worker_cpu.get(k, 0.0):.1f} s"
                                                      for k in sorted(self.workers)))
+        if self.ray_idle:  # a round's tail, a worker's imports, a late process: what CPU-seconds do not show
+            out.append("ray idle worker-seconds by round: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.ray_idle))
         for flag, n in sorted(self.flagged.items()):
             out.append(f"rows flagged {flag}: {n}")
         for conv, n in sorted(self.content_missing.items()):
@@ -1365,6 +1369,7 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
         _phase(summary, "partitions", clock)
         for who, (cpu, rss) in sorted(engine.usage.items()):  # the split, the buckets and the partitions' tasks
             summary.workers[who], summary.worker_cpu[who] = int(rss), cpu
+        summary.ray_idle = list(engine.idle)
     finally:
         engine.__exit__(None, None, None)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -61,6 +61,9 @@ class Engine:
         #: Ray worker process -> [CPU-seconds of its tasks, its peak RSS in bytes]: what each worker did,
         #: in CPU-seconds, which other processes on a shared machine do not inflate as they do wall time
         self.usage: dict[str, list[float]] = {}
+        #: each Ray round's work (its function's name) and idle worker-seconds (`_on_ray`): where a round
+        #: waits on one worker (a tail, a late process), which CPU-seconds do not show
+        self.idle: list[tuple[str, float]] = []
         self._stop: Callable[[], None] | None = None  # set when this engine started (or joined) the cluster
         self._armed: tuple[str, int] | None = None  # Engine.prestart's module and processes, till fired
         self._warming: list | None = None  # the fired prestart's tasks
@@ -137,12 +140,12 @@ class Engine:
 
         def tail(left: int) -> None:  # after each result, `left` tasks unfinished
             nonlocal armed
-            if armed is not None and self.cpus <= left <= WAVES * self.cpus:  # the last waves: every worker busy
+            if armed is not None and left >= self.cpus:  # the round's first result: every worker busy still
                 self._warming, armed = _fire(*armed), None
 
         return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0,
                        order(weights) if weights is not None else None, each,
-                       tail, len(warming) if warming else 0, lambda: _release(warming))
+                       tail, len(warming) if warming else 0, lambda: _release(warming), self.idle, self.cpus)
 
 
     def prestart(self, module: str, jobs: int) -> None:
@@ -155,11 +158,13 @@ class Engine:
         advantages (ray6), the two warm workers waited for it to meet them (1.2 s at
         load 13, the round's first tasks that late) and its date still started 2.4 s
         after theirs, its imports done: at 1M the advantages take 0.5 s, a process
-        and the build's imports 1.5 CPU-s. Started as the previous round's last
-        WAVES tasks per worker run (every worker on one: a task of no CPU then gets a
-        process of its own), it has those, the round's tail and the advantages to
-        start in, and stays (`LEAN`: Ray would stop an idle process beyond one per
-        CPU after a second, and the warm ones with it).
+        and the build's imports 1.5 CPU-s. Started at the previous round's first
+        result (every worker on a task still: a task of no CPU then gets a process of
+        its own), it has that round to start in, and stays, idle (`LEAN`: Ray would
+        stop an idle process beyond one per CPU after a second, and the warm ones
+        with it). Started when that round had three tasks per worker left, it was
+        not ready at load 14 (the third date 5.3 s late); a process's cost is the
+        same CPU whenever it starts, and an idle one's memory (its imports, 300 MiB).
         The spread round's heaviest tasks go to the warm workers at once, its last
         ones once the new processes are ready. A previous round with no more tasks
         than CPUs has no such tail: Ray starts the process with the round, as
@@ -198,10 +203,6 @@ def _release(warming: list | None) -> None:
         ray.wait(warming, num_returns=len(warming), timeout=PATIENCE)
 
 
-#: The prestart's processes start when this many tasks per CPU are left of the round before (`Engine.run`):
-#: a bucket of the 1M benchmark takes 0.66 s on a quiet machine, a process and its imports 1.5 CPU-s on
-#: cores the buckets are using
-WAVES = 3
 #: How long the driver waits for a prestarted process still importing when the round that needs it is
 #: handed out (`_release`): a process starts in about a second; should one take longer, Ray's own
 PATIENCE = 3.0
@@ -299,8 +300,27 @@ IDLE_MS = 600_000
 #: its tasks' to the GCS for the state API and the dashboard, which nobody reads on a build's own
 #: cluster, and the driver flushes its own on the way out: the cluster's stop took 0.12 s median
 #: without them against 0.36 s with (7 pairs alternating, load 4-8). Set it (to 1000) to profile a
-#: build with `ray.timeline()`. Idle workers kept (IDLE_MS).
-LEAN = {"RAY_task_events_report_interval_ms": "0", "RAY_idle_worker_killing_time_threshold_ms": str(IDLE_MS)}
+#: build with `ray.timeline()`. Idle workers kept (IDLE_MS); each imports the build's modules as it starts
+#: (`preload`).
+LEAN = {"RAY_task_events_report_interval_ms": "0", "RAY_idle_worker_killing_time_threshold_ms": str(IDLE_MS),
+        "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR": "nightshift.transform.distributed.preload"}
+
+#: What every worker of a build's own cluster imports as it starts (`preload`): the module of the build's tasks
+PRELOAD = "nightshift.transform.build"
+
+
+def preload() -> None:
+    """Run by each worker process of a build's own cluster as it starts (Ray's
+    worker setup hook, `runtime_env={"worker_process_setup_hook": ...}`, which a
+    worker reads from its environment, LEAN): the build's modules imported then,
+    not on its first task. A process Ray starts in a round for a task of another
+    (`Engine.prestart`'s) sat idle without them and imported them on the spread
+    round's date (2.4-3.4 s late at load 13); the first workers import them while
+    the driver is still joining the cluster, not when the split begins."""
+    import importlib
+
+    importlib.import_module(PRELOAD)
+
 
 
 @contextlib.contextmanager
@@ -350,11 +370,11 @@ def _head(cpus: int):
 
 def _remote(work, job, shared):
     """A job in a Ray worker, with the worker, the task's CPU-seconds (its threads
-    too) and the worker's peak memory, for the summary."""
-    c0 = time.process_time()
+    too), the worker's peak memory and the task's seconds, for the summary."""
+    c0, t0 = time.process_time(), time.perf_counter()
     done = work(job, shared)
     return done, f"{socket.gethostname()}:{os.getpid()}", time.process_time() - c0, \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.perf_counter() - t0
 
 
 def balance(weights: list[int], n: int) -> list[tuple[int, int]]:
@@ -400,12 +420,18 @@ def order(weights: list[int]) -> list[int]:
 
 def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float = 1.0,
             first: list[int] | None = None, each: Callable[[int], None] = lambda i: None,
-            tail: Callable[[int], None] = lambda left: None, held: int = 0, release: Callable[[], None] = lambda: None):
-    """`held`: the last (lightest) tasks submitted only once `release()` has freed
-    the processes started for them (`Engine.prestart`): submitted with the others,
-    Ray would start processes of its own for them while those still wait."""
+            tail: Callable[[int], None] = lambda left: None, held: int = 0, release: Callable[[], None] = lambda: None,
+            rounds: list | None = None, total: int = 1):
+    """`held`: the last (lightest) tasks submitted only once `release()` has
+    found the processes started for them ready (`Engine.prestart`): submitted with
+    the others, Ray would start processes of its own for them while those import.
+    `rounds` gets the round's idle worker-seconds: its task slots (`total` CPUs /
+    `cpus` each) times its wall time, less its tasks' seconds in the workers (a
+    worker's imports before its first task, a late process, the round's tail)."""
+    rounds = [] if rounds is None else rounds
     import ray
 
+    t0, busy = time.perf_counter(), 0.0
     task = ray.remote(num_cpus=cpus, max_retries=RETRIES)(_remote)
     shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
     ids = first if first is not None else list(range(len(jobs)))
@@ -419,7 +445,8 @@ def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float
         ready, pending = ray.wait(pending, num_returns=1)
         tail(len(pending))
         try:
-            out[refs[ready[0]]], who, cpu, rss = ray.get(ready[0])
+            out[refs[ready[0]]], who, cpu, rss, took = ray.get(ready[0])
+            busy += took
             mine = usage.setdefault(who, [0.0, 0])
             mine[0] += cpu
             mine[1] = max(mine[1], rss)
@@ -432,4 +459,5 @@ def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float
                               f"({type(e).__name__}); nothing was committed: {str(e).splitlines()[0]}") from None
         each(refs[ready[0]])
         tick()
+    rounds.append((getattr(work, "__name__", "tasks"), int(total / cpus + 1e-6) * (time.perf_counter() - t0) - busy))
     return out
