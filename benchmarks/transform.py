@@ -645,6 +645,7 @@ def ray_lines(p: st.Params, args: argparse.Namespace, runs: list[tuple[int, Buil
                       "the workers did not have the cores to themselves]" if max(r.other_cores for _, r in runs) > 0.25
                       else ""))
     out.extend(_round_lines(runs))
+    out.extend(_idle_lines(runs))
     out.extend(_process_lines(runs))
     phases = _phases(base.stdout)
     if phases:
@@ -780,6 +781,28 @@ def _round_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
         f"{k} {got[lo].get(k, 0.0):.1f} -> {got[hi].get(k, 0.0):.1f} ({got[lo].get(k, 0.0) / got[hi][k]:.2f}x)"
         if got[hi].get(k) else f"{k} {got[lo].get(k, 0.0):.1f} -> {got[hi].get(k, 0.0):.1f}" for k in rounds)
         + f"; the driver alone (start-up, advantages, commit, stop) {alone[lo]:.1f} -> {alone[hi]:.1f}"]
+
+
+#: the Ray rounds by the function their tasks run, as the build's summary names them
+_ROUNDS = {"split_files": "split", "run_bucket": "buckets", "stage_day": "dates"}
+
+
+def _idle_lines(runs: list[tuple[int, BuildRun]]) -> list[str]:
+    """Each round's idle worker-seconds, from the build's own line: its task slots
+    times its wall time less its tasks' seconds in the workers (the workers'
+    imports before their first task, a process started late, the round's tail).
+    Wall-based, so a loaded machine inflates them too; on a quiet one they are
+    what keeps a round from its worker count's speed-up."""
+    import re
+
+    out = []
+    for w, run in runs:
+        line = next((x for x in run.stdout.splitlines() if x.startswith("ray idle worker-seconds by round:")), "")
+        got = re.findall(r"(\w+) (-?[\d.]+) s", line.split(":", 1)[1]) if line else []
+        if got:
+            out.append(f"  {w} worker(s), idle worker-seconds by round (slots x wall - the tasks' own seconds: imports, "
+                       "late processes, tails): " + ", ".join(f"{_ROUNDS.get(k, k)} {float(v):.2f}" for k, v in got))
+    return out
 
 
 def _phases(stdout: str) -> dict[str, float]:

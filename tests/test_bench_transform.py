@@ -100,6 +100,19 @@ def test_each_ray_round_is_compared_between_the_worker_counts(bench):
     assert bench._round_lines([(1, run(80.0, 20.0, 45.0, 10.0))]) == []  # one count: nothing to compare
 
 
+def test_each_ray_rounds_idle_worker_seconds_are_read_from_the_summary(bench):
+    """The build's `ray idle worker-seconds by round` line, by worker count, the
+    rounds by name: where a round waits on a worker (a tail, a late process), which
+    its CPU-seconds do not show."""
+    def run(idle: str):
+        return bench.BuildRun([], stdout=f"ray: 8 bucket(s) on 2 worker process(es)\nray idle worker-seconds by round: {idle}")
+
+    lines = bench._idle_lines([(1, run("split_files 1.20 s, run_bucket 0.10 s, stage_day 0.05 s")),
+                               (2, run("split_files 2.40 s, run_bucket 0.31 s, stage_day 0.67 s")), (3, run(""))])
+    assert len(lines) == 2 and lines[0].startswith("  1 worker(s), idle worker-seconds by round")
+    assert lines[1].endswith("tails): split 2.40, buckets 0.31, dates 0.67")
+
+
 def test_the_ray_title_gives_the_buckets_the_build_made(bench):
     """--build-buckets is a floor: the memory budget made 67 buckets of the 1M benchmark
     while the title said 8. The title gives what each build's summary says, and a
