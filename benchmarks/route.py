@@ -46,7 +46,8 @@ Every run also says what hour it was taken in (the same proxy's CPU per request
 moved 0.85-0.97 -> 1.07-1.21 ms between two quiet windows): the VM's steal over
 the run and a fixed CPU-bound probe at its start and end; and the proxy's read
 and write system calls per request (/proc/PID/io), whose least is one each per
-streamed event plus the request's.
+streamed event plus the request's; and the proxy's collector passes in its phases
+(from the pause histogram it serves at /metrics), each a stall of every stream.
 """
 
 from __future__ import annotations
@@ -370,6 +371,7 @@ class Proxied:
     loop: str = "asyncio"  # the event loop its start-up line names (older proxies name none: asyncio)
     reads: int = 0  # its read and write system calls (/proc/PID/io syscr, syscw) over the same rounds
     writes: int = 0
+    gc: dict = field(default_factory=dict)  # generation -> [passes, seconds, passes over 2 ms] in its phases
 
 
 @dataclass
@@ -424,6 +426,33 @@ def probe_ms(loops: int = PROBE_LOOPS, tries: int = 3) -> float:
             x += i ^ (i >> 3)
         best = min(best, time.process_time() - t0)
     return 1000 * best
+
+
+_GC_LINE = re.compile(r'nightshift_route_gc_pause_seconds_(count|sum|bucket)\{generation="(\d)"(?:,le="([^"]+)")?\} (\S+)')
+
+
+def gc_pauses(text: str) -> dict[int, list[float]]:
+    """The proxy's collector passes from its /metrics text: generation -> [passes,
+    seconds, passes over 2 ms]; empty from a proxy that does not time them (before
+    route8). Each pass stalls every stream in flight: a run that misses the target
+    says whether such stalls were there."""
+    out: dict[int, list[float]] = {}
+    for kind, g, le, v in _GC_LINE.findall(text):
+        d = out.setdefault(int(g), [0.0, 0.0, 0.0])
+        if kind == "count":
+            d[0] = float(v)
+        elif kind == "sum":
+            d[1] = float(v)
+        elif le == "0.002":
+            d[2] = float(v)  # passes of 2 ms or less (cumulative bucket)
+    return {g: [n, sec, n - short] for g, (n, sec, short) in out.items()}
+
+
+def scrape_gc(port: int) -> dict[int, list[float]]:
+    try:
+        return gc_pauses(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+    except OSError:
+        return {}
 
 
 def steal_s() -> float:
@@ -481,6 +510,7 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
         return [tuple(p.cpu_times()[:2]) for p in procs], busy_s()
 
     async def timed(m: Measured, who: str, r: int, port: int, model: str, proxy: psutil.Process | None = None):
+        gc0 = scrape_gc(port) if proxy is not None else {}  # outside the phase's CPU and time
         (t0, b0), i = times(), procs.index(proxy) if proxy is not None else -1
         io0 = proxy.io_counters() if proxy is not None else None
         if args.harness == "steady":
@@ -507,6 +537,9 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
             p.others += ph.others
             p.reads += io1.read_count - io0.read_count
             p.writes += io1.write_count - io0.write_count
+            for g, after in scrape_gc(port).items():
+                before = gc0.get(g, [0.0, 0.0, 0.0])
+                p.gc[g] = [a + x - b for a, x, b in zip(p.gc.get(g, [0.0, 0.0, 0.0]), after, before)]
 
     def new(suffix: str = "") -> Measured:
         return Measured([], 0.0, [Proxied(("proxied" if i == 0 else "baseline") + suffix, []) for i in range(len(ports))])
@@ -710,6 +743,11 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
             *([f"  {who or 'proxy '}system calls: {p.reads / len(p.xs):.1f} reads and {p.writes / len(p.xs):.1f} writes "
                f"per proxied request of {args.chunks} events (/proc/PID/io; the least is a read and a write per "
                f"event, plus the request's)"] if p.reads else []),
+            *([f"  {who or 'proxy '}collector passes in its phases: {sum(v[0] for v in p.gc.values()):.0f}, "
+               f"{1000 * sum(v[1] for v in p.gc.values()):.1f} ms in all ("
+               + ", ".join(f"gen{g} {v[0]:.0f} / {1000 * v[1]:.1f} ms" for g, v in sorted(p.gc.items()))
+               + f"), {sum(v[2] for v in p.gc.values()):.0f} of them over 2 ms: each stalls every stream in flight"]
+              if p.gc else []),
             f"  others on this machine during the {who}proxied rounds: {p.others:.2f} CPU-s "
             f"({100 * p.others / p.secs / os.cpu_count():.0f} % of the CPUs)",
             f"  {who}p99 overhead at {args.streams} streams{rewriting}: {worst:.2f} ms ({T_OVERHEAD.check(worst)})"

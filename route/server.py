@@ -143,12 +143,18 @@ async def serve(cfg: RouteConfig, table: RouteTable, ready: asyncio.Event | None
     # that a full collection (20 ms measured mid-load) does not land on a request.
     gc.collect()
     gc.freeze()
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    log.warning("stopping: no new requests; %d in flight get up to %g s", len(server.connections), cfg.drain_timeout)
-    await runner.cleanup()
-    await app.proxy.close()
+    watch = app.metrics.gc_watcher()
+    gc.callbacks.append(watch)
+    try:
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.warning("stopping: no new requests; %d in flight get up to %g s", len(server.connections),
+                    cfg.drain_timeout)
+        await runner.cleanup()
+        await app.proxy.close()
+    finally:
+        gc.callbacks.remove(watch)
 
 
 def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:

@@ -146,3 +146,25 @@ def test_each_run_says_how_fast_its_hour_was_steal_and_a_fixed_probe(monkeypatch
     assert any(x.startswith("  proxy system calls: 22.0 reads and 21.5 writes per proxied request of 20 events")
                for x in lines)
     assert lines[-1].startswith("  p99 overhead at 10 streams: ")  # the target line stays the last, unchanged
+
+
+def test_the_proxys_collector_passes_are_read_per_phase_from_its_metrics():
+    """Each collector pass in the proxy stalls every stream in flight: the run prints
+    how many passes fell in the proxied phases, their time, and how many were over
+    2 ms (the target's size), from the histogram the proxy serves."""
+    def text(n0: int, s0: float, short0: int) -> str:
+        return (f'nightshift_route_gc_pause_seconds_bucket{{generation="0",le="0.001"}} {short0 - 1}.0\n'
+                f'nightshift_route_gc_pause_seconds_bucket{{generation="0",le="0.002"}} {short0}.0\n'
+                f'nightshift_route_gc_pause_seconds_count{{generation="0"}} {n0}.0\n'
+                f'nightshift_route_gc_pause_seconds_sum{{generation="0"}} {s0}\n'
+                'nightshift_route_gc_pause_seconds_count{generation="2"} 1.0\n'
+                'nightshift_route_gc_pause_seconds_sum{generation="2"} 0.0167\n'
+                'nightshift_route_gc_pause_seconds_bucket{generation="2",le="0.002"} 0.0\n')
+    assert route.gc_pauses(text(10, 0.004, 9)) == {0: [10.0, 0.004, 1.0], 2: [1.0, 0.0167, 1.0]}
+    assert route.gc_pauses("nightshift_route_requests_total 3.0\n") == {}  # a proxy from before route8
+
+    run = route.Measured([(0.010, 0.5)] * 10, 1.0, [route.Proxied(
+        "proxied", [(0.011, 0.5, False)] * 10, secs=1.0, cpu=0.01, gc={0: [12.0, 0.0361, 3.0], 1: [1.0, 0.0101, 1.0]})])
+    args = argparse.Namespace(streams=10, requests=1, rounds=1, chunks=20, pace=0.025, prompt=None, baseline=None)
+    assert ("  proxy collector passes in its phases: 13, 46.2 ms in all (gen0 12 / 36.1 ms, gen1 1 / 10.1 ms), 4 of "
+            "them over 2 ms: each stalls every stream in flight") in route.report(["title"], args, run)
