@@ -140,7 +140,7 @@ class Engine:
 
         def tail(left: int) -> None:  # after each result, `left` tasks unfinished
             nonlocal armed
-            if armed is not None and left >= self.cpus:  # the round's first result: every worker busy still
+            if armed is not None and left >= self.cpus:  # its first result: every worker on a task still
                 self._warming, armed = _fire(*armed), None
 
         return _on_ray(work, jobs, shared, tick, self.usage, share(self.cpus, len(jobs)) if spread else 1.0,
@@ -151,25 +151,24 @@ class Engine:
     def prestart(self, module: str, jobs: int) -> None:
         """Called before the round that comes before a spread round of `jobs` (the
         buckets, before the dates): the processes the spread round needs beyond one
-        per CPU are started in that round's tail, import `module` and wait, idle.
+        per CPU are started during that round and wait for it, idle, the build's
+        modules imported.
 
         A spread round on two CPUs runs three tasks, and Ray starts the third process
         only when the round is handed out. Started while the driver pooled the
         advantages (ray6), the two warm workers waited for it to meet them (1.2 s at
         load 13, the round's first tasks that late) and its date still started 2.4 s
-        after theirs, its imports done: at 1M the advantages take 0.5 s, a process
-        and the build's imports 1.5 CPU-s. Started at the previous round's first
-        result (every worker on a task still: a task of no CPU then gets a process of
-        its own), it has that round to start in, and stays, idle (`LEAN`: Ray would
-        stop an idle process beyond one per CPU after a second, and the warm ones
-        with it). Started when that round had three tasks per worker left, it was
-        not ready at load 14 (the third date 5.3 s late); a process's cost is the
-        same CPU whenever it starts, and an idle one's memory (its imports, 300 MiB).
-        The spread round's heaviest tasks go to the warm workers at once, its last
-        ones once the new processes are ready. A previous round with no more tasks
-        than CPUs has no such tail: Ray starts the process with the round, as
-        before. On one machine only: on several, Ray may start it on a machine the
-        round's tasks do not go to."""
+        after theirs. Now a task of no CPU goes out at the previous round's first
+        result, every worker on a task still, so Ray starts a process for it (or, had
+        a worker just come free, for the task it put off); the process imports the
+        build's modules as it starts (`preload`) and stays (`LEAN`: Ray stops an idle
+        process beyond one per CPU after a second, and the warm ones with it). Its
+        start is the same CPU whenever it comes; idle, it holds its imports' memory
+        (about 300 MiB) through that round. The spread round's heaviest tasks go to
+        the warm workers at once, its last ones once the task of no CPU is done. A
+        previous round with no more tasks than CPUs: Ray starts the process with
+        the spread round, as before. On one machine only: on several, Ray may start
+        it on a machine the round's tasks do not go to."""
         if not self.remote or share(self.cpus, jobs) == 1.0:
             return
         import ray
@@ -203,13 +202,13 @@ def _release(warming: list | None) -> None:
         ray.wait(warming, num_returns=len(warming), timeout=PATIENCE)
 
 
-#: How long the driver waits for a prestarted process still importing when the round that needs it is
-#: handed out (`_release`): a process starts in about a second; should one take longer, Ray's own
+#: How long the driver waits for a prestarted process still starting when the round that needs it is
+#: handed out (`_release`): a process starts in about a second; past this the held tasks go out anyway
 PATIENCE = 3.0
 
 
 def _warm(module: str) -> int:
-    """Import `module` in a process of its own; the process stays (`LEAN`: idle workers kept)."""
+    """Import `module` (a process started for this has it already: `preload`)."""
     import importlib
 
     importlib.import_module(module)
@@ -428,9 +427,9 @@ def _on_ray(work, jobs, shared, tick, usage: dict[str, list[float]], cpus: float
     `rounds` gets the round's idle worker-seconds: its task slots (`total` CPUs /
     `cpus` each) times its wall time, less its tasks' seconds in the workers (a
     worker's imports before its first task, a late process, the round's tail)."""
-    rounds = [] if rounds is None else rounds
     import ray
 
+    rounds = [] if rounds is None else rounds
     t0, busy = time.perf_counter(), 0.0
     task = ray.remote(num_cpus=cpus, max_retries=RETRIES)(_remote)
     shared_ref = ray.put(shared)  # once: every task reads the same settings, feedback and log events
