@@ -7,6 +7,8 @@ whole).
 Spans are read in buckets of traces (a hash of the trace id), so memory is bounded
 by `memory_budget`, not by the window: with more data than the budget, a first pass
 splits the window's spans into bucket files, and each bucket holds whole traces.
+Where the traces lie together in the files, as a collector writes them, a build in
+one process reads its buckets straight from the files in order instead (`stream`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from nightshift.schemas import spans as spans_schema
 from . import attrs as A
 from . import calls as C
 from . import attribution, columnar, credit, distributed, incremental, normalize, output, pool, spill
+from . import stream as stream_
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
 
@@ -274,6 +277,12 @@ def _row_groups(fs, src: _Source, columns: list[str], bad: list[str], dataset: s
     """A Parquet file's row groups, one at a time, each with its `_pdate`. One that
     cannot be read (a corrupt page, a file cut short) is reported by file and row
     group and skipped; the file's other row groups are still read."""
+    return (t for _, t in _numbered_groups(fs, src, columns, bad, dataset))
+
+
+def _numbered_groups(fs, src: _Source, columns: list[str], bad: list[str],
+                     dataset: str = layout.SPANS) -> Iterator[tuple[int, pa.Table]]:
+    """`_row_groups`, each with its number in the file (a stream's buckets take them by it)."""
     path = src.path
     try:
         fh = fs.open(path, "rb")
@@ -301,7 +310,7 @@ def _row_groups(fs, src: _Source, columns: list[str], bad: list[str], dataset: s
                 n = pf.metadata.row_group(g).num_rows
                 bad.append(f"{path}: row group {g + 1} of {pf.num_row_groups} unreadable, its {n} rows skipped ({e})")
                 continue
-            yield t.append_column("_pdate", pa.array([src.date] * t.num_rows, pa.string()))
+            yield g, t.append_column("_pdate", pa.array([src.date] * t.num_rows, pa.string()))
 
 
 def _read(fs, sources: list[_Source], columns: list[str], bad: list[str] | None = None,
@@ -398,6 +407,21 @@ def _enough_files(n: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (n if hard == resource.RLIM_INFINITY else min(n, hard), hard))
     except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: the open fails clearly later
         pass
+
+
+def _streamed(fs, reads: list[_Source], logs: list[_Source], sizes: dict[str, list[int] | None], buckets: int,
+              engine: distributed.Engine, cfg: TransformConfig) -> stream_.Stream | None:
+    """The buckets as a stream of the span files (`stream`), where one can be: a build
+    in this process (Ray's tasks each read their own bucket), the bucket count the
+    budget's (a count asked for keeps the split's buckets and their rows' order), no
+    log events to split beside the spans, and every span file read whole."""
+    if (buckets < 2 or engine.remote or cfg.build.buckets or logs
+            or any(src.only is not None or src.groups is not None for src in reads)):
+        return None
+    got = stream_.plan(fs, [src.path for src in reads], sizes, buckets)
+    if got is None:
+        return None
+    return stream_.Stream(got, reads, lambda src, bad: _numbered_groups(fs, src, SPAN_COLUMNS, bad))
 
 
 def _read_bucket(paths: list[str], consume: bool = False) -> pl.DataFrame:
@@ -554,6 +578,8 @@ class _Job:
     #: remove the pieces once read (one process: a failed bucket fails the build, nothing retries it),
     #: so the split's scratch shrinks as the rows' grows and the build's disk peaks at about one copy
     consume: bool = False
+    #: a local build without a split: the buckets' spans read in order from the files (`stream`)
+    stream: stream_.Stream | None = None
 
 
 @dataclass
@@ -729,6 +755,8 @@ def _part(bucket: int, j: int) -> int:
 
 
 def _spans(job: _Job, cfg: TransformConfig, summary: Summary) -> pl.DataFrame:
+    if job.stream is not None:
+        return job.stream.bucket(job.bucket, summary.unreadable)
     if job.split:
         return _read_bucket(job.split, job.consume)
     fs, _ = fsspec.core.url_to_fs(cfg.data, **(cfg.storage_options or {}))
@@ -1281,8 +1309,13 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             raise BuildError(str(e)) from None
         bar = tqdm(total=buckets, unit="bucket", desc="build", disable=not progress)
         clock = time.perf_counter()
+        streamed = _streamed(fs, reads, logs, sizes, buckets, engine, cfg)
         if buckets == 1:
             jobs = [_Job(0, reads, [], tmp, logs)]
+        elif streamed is not None:  # no split: each bucket's spans read from the files in order
+            jobs = [_Job(b, [], [], tmp, stream=streamed) for b in range(streamed.buckets)]
+            summary.buckets = streamed.buckets  # (cuts that fell together are one)
+            clock = _phase(summary, "split", clock)
         else:
             bar.set_description("split")
             # files in contiguous runs, one task each: the pieces, read in run order, keep the files' order
