@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import fsspec
+import numpy as np
 import polars as pl
 
 from nightshift.transform import build as B
@@ -126,3 +127,27 @@ def test_the_plan_cuts_are_by_bytes_and_say_none_for_one_bucket(tmp_path):
     sizes = B.group_bytes(fs, paths)
     assert stream.plan(fs, paths, sizes, 1) is None
     assert stream.plan(fs, paths, {p: None for p in paths}, 4) is None  # a footer that cannot be read: the split names it
+
+
+def test_a_row_group_that_cannot_be_read_is_named_and_the_rest_still_read():
+    """The plan read `trace_id`; the row group's other columns then fail: it is named
+    (as the split names it) and its neighbours' spans are still in their buckets."""
+    import pyarrow as pa
+
+    def table(g: int) -> pa.Table:
+        return pa.table({"trace_id": [f"t{g}a", f"t{g}b"], "g": [g, g]})
+
+    def read(src, bad):
+        for g in range(3):
+            if g == 1:
+                bad.append(f"{src}: row group 2 of 3 unreadable, its 2 rows skipped")
+                continue
+            yield g, table(g)
+
+    mine = [np.array([0, 0], np.uint32), np.array([0, 1], np.uint32), np.array([1, 1], np.uint32)]
+    plan = stream.Plan(cuts=[2, 5], groups=[(0, 0), (0, 1), (0, 2)], first=[0, 2, 4], lasts=mine)
+    reader = stream.Stream(plan, ["f.parquet"], read)
+    bad: list[str] = []
+    first, second = reader.bucket(0, bad), reader.bucket(1, bad)
+    assert first["trace_id"].to_list() == ["t0a", "t0b"] and second["trace_id"].to_list() == ["t2a", "t2b"]
+    assert bad == ["f.parquet: row group 2 of 3 unreadable, its 2 rows skipped"]
