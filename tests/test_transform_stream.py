@@ -151,3 +151,27 @@ def test_a_row_group_that_cannot_be_read_is_named_and_the_rest_still_read():
     first, second = reader.bucket(0, bad), reader.bucket(1, bad)
     assert first["trace_id"].to_list() == ["t0a", "t0b"] and second["trace_id"].to_list() == ["t2a", "t2b"]
     assert bad == ["f.parquet: row group 2 of 3 unreadable, its 2 rows skipped"]
+
+
+def test_a_span_file_of_a_newer_schema_is_one_sentence_when_streamed_too(tmp_path):
+    """The stream reads row groups through the split's reader, so a file the build must
+    not read stops it with the same sentence (`nightshift build` exits 2)."""
+    import pyarrow.parquet as pq
+    import pytest
+
+    from nightshift.schemas.layout import LayoutError
+
+    data = tmp_path / "data"
+    runs = [agent_run(f"newer-{i}", i, calls=2, task="t", reward=1.0) for i in range(24)]
+    for f in range(6):
+        write_spans(str(data), runs[4 * f:4 * f + 4], batch=f"b{f}")
+    (spoiled,) = (data / "spans").rglob("part-b5.parquet")
+    table = pq.read_table(spoiled)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"nightshift.schema_version": b"99"}),
+                   spoiled)
+    fs = fsspec.filesystem("file")
+    paths = [str(p) for p in sorted((data / "spans").rglob("*.parquet"))]
+    assert stream.plan(fs, paths, B.group_bytes(fs, paths), 3) is not None  # streamed, not split
+    with pytest.raises(LayoutError) as e:
+        B.build(TransformConfig(data=str(data), settle=0, memory_budget=budget(data, 3)))
+    assert str(e.value).startswith(f"{spoiled} is spans schema version 99") and "\n" not in str(e.value)
