@@ -12,10 +12,7 @@ import gc
 import weakref
 
 from nightshift.route import proxy, upstream
-from nightshift.route.config import RouteConfig
-from nightshift.route.server import serve
-from nightshift.route.table import RouteTable
-from hardening.proc import free_port
+from route_loopback import proxy_before
 
 EVENTS = [b'data: {"model": "m", "choices": [{"delta": {"content": "tok %d"}}]}\n\n' % i for i in range(3)]
 
@@ -45,32 +42,21 @@ class Upstream(asyncio.Protocol):
 
 
 async def _streams(tmp_path, n: int) -> list[weakref.ref]:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(Upstream, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    listen = free_port()
-    cfg = RouteConfig(listen=f"127.0.0.1:{listen}", upstream=f"http://127.0.0.1:{port}",
-                      state=str(tmp_path / "routes.json"), drain_timeout=2.0)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = loop.create_task(serve(cfg, RouteTable(tmp_path / "routes.json").load(), ready, stop))
-    await ready.wait()
     body = b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    reader, writer = await asyncio.open_connection("127.0.0.1", listen)
-    try:
-        for _ in range(n):
-            writer.write(request)
-            got = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), 3)
-            assert got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got
-        await asyncio.sleep(0.05)  # the handler's last steps after its end went out
-        return made
-    finally:
-        writer.close()
-        await writer.wait_closed()
-        stop.set()
-        await asyncio.wait_for(task, 10)
-        server.close()
+    async with proxy_before(Upstream, tmp_path) as listen:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listen)
+        try:
+            for _ in range(n):
+                writer.write(request)
+                got = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), 3)
+                assert got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got
+            await asyncio.sleep(0.05)  # the handler's last steps after its end went out
+            return made
+        finally:
+            writer.close()
+            await writer.wait_closed()
 
 
 made: list[weakref.ref] = []

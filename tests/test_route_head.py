@@ -8,10 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from nightshift.route import upstream
-from nightshift.route.config import RouteConfig
-from nightshift.route.server import serve
-from nightshift.route.table import RouteTable
-from hardening.proc import free_port
+from route_loopback import proxy_before
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 EVENT = b'data: {"model": "m", "choices": [{"delta": {"content": "tok"}}]}\n\n'
@@ -52,39 +49,30 @@ async def _one_answer(tmp_path, monkeypatch, empty: bool = False) -> list[bytes]
     pipe = upstream.Exchange.pipe
     monkeypatch.setattr(upstream.Exchange, "pipe", lambda self, write: (pipe(self, write), piped.set())[0])
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Upstream, "127.0.0.1", 0)
-    listen = free_port()
-    cfg = RouteConfig(listen=f"127.0.0.1:{listen}", upstream=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
-                      state=str(tmp_path / "routes.json"), drain_timeout=2.0)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = loop.create_task(serve(cfg, RouteTable(tmp_path / "routes.json").load(), ready, stop))
-    await ready.wait()
-    body = b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
-    transport, client = await loop.create_connection(Client, "127.0.0.1", listen)
-    try:
-        transport.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        await asyncio.wait_for(piped.wait(), 5)
-        for _ in range(20):  # turns of the loop: a head already sent would be read by now
-            await asyncio.sleep(0)
-        before = list(client.reads)
-        if empty:
-            Upstream.last.t.write(b"0\r\n\r\n")
-        else:
-            Upstream.last.t.write(chunk(EVENT))
-            while not client.reads[len(before):]:
+    async with proxy_before(Upstream, tmp_path) as listen:
+        body = b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+        transport, client = await loop.create_connection(Client, "127.0.0.1", listen)
+        try:
+            transport.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await asyncio.wait_for(piped.wait(), 5)
+            for _ in range(20):  # turns of the loop: a head already sent would be read by now
+                await asyncio.sleep(0)
+            before = list(client.reads)
+            if empty:
+                Upstream.last.t.write(b"0\r\n\r\n")
+            else:
+                Upstream.last.t.write(chunk(EVENT))
+                while not client.reads[len(before):]:
+                    client.more.clear()
+                    await asyncio.wait_for(client.more.wait(), 5)
+                Upstream.last.t.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            while not b"".join(client.reads).endswith(b"\r\n0\r\n\r\n"):
                 client.more.clear()
                 await asyncio.wait_for(client.more.wait(), 5)
-            Upstream.last.t.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-        while not b"".join(client.reads).endswith(b"\r\n0\r\n\r\n"):
-            client.more.clear()
-            await asyncio.wait_for(client.more.wait(), 5)
-        return [*before, b"--"] + client.reads[len(before):]
-    finally:
-        transport.close()
-        stop.set()
-        await asyncio.wait_for(task, 10)
-        server.close()
+            return [*before, b"--"] + client.reads[len(before):]
+        finally:
+            transport.close()
 
 
 def test_the_head_goes_out_with_the_first_event_in_one_send(tmp_path, monkeypatch):

@@ -10,10 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from nightshift.route.config import RouteConfig
-from nightshift.route.server import serve
-from nightshift.route.table import RouteTable
-from hardening.proc import free_port
+from route_loopback import proxy_before
 
 
 class Upstream(asyncio.Protocol):
@@ -45,28 +42,16 @@ class Upstream(asyncio.Protocol):
 
 
 async def _answers(tmp_path, n: int) -> list[bytes]:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(Upstream, "127.0.0.1", 0)
-    listen = free_port()
-    cfg = RouteConfig(listen=f"127.0.0.1:{listen}", upstream=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
-                      state=str(tmp_path / "routes.json"), drain_timeout=2.0)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = loop.create_task(serve(cfg, RouteTable(tmp_path / "routes.json").load(), ready, stop))
-    await ready.wait()
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
     answers = []
-    try:
+    async with proxy_before(Upstream, tmp_path) as listen:
         for _ in range(n):  # one at a time: each goes out on the pool's one idle connection
             reader, writer = await asyncio.open_connection("127.0.0.1", listen)
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
             answers.append(await asyncio.wait_for(reader.read(), 5))
             writer.close()
-        return answers
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-        server.close()
+    return answers
 
 
 def test_a_kept_alive_connection_closed_under_a_request_sends_it_again_on_a_new_one(tmp_path):
