@@ -1,6 +1,8 @@
 """Token ids read once per trace: a call's ids sliced out of its trace's longest
 prompt are the ids its own text says, whatever the text (transform/calls.py)."""
 
+import random
+
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -35,6 +37,26 @@ def _fmt(ids):
     return "[" + ",".join(map(str, ids)) + "]"
 
 
+def _counting(monkeypatch, by: str | None = None) -> list[int]:
+    """The ids each parse reads (the split's, and the anchors' read from their bytes),
+    or only those of the parse `by` names."""
+    parsed: list[int] = []
+    split, digits = C._split_ids, C._digit_ids
+
+    def count(s: pl.Series) -> pl.Series:
+        parsed.append(int(s.list.len().sum() or 0))
+        return s
+
+    def from_bytes(*args):
+        got = digits(*args)
+        return got if got is None or by == "split" else count(got)
+
+    if by != "bytes":
+        monkeypatch.setattr(C, "_split_ids", lambda text: split(text).map_batches(count, return_dtype=pl.List(pl.Int32)))
+    monkeypatch.setattr(C, "_digit_ids", from_bytes)
+    return parsed
+
+
 def test_a_trajectorys_ids_are_parsed_once_from_its_longest_prompt(monkeypatch):
     # the benchmark's shape: each prompt is the last prompt, its answer and a new turn
     p1, c1 = list(range(100, 130)), [7, 8, 9]
@@ -43,17 +65,7 @@ def test_a_trajectorys_ids_are_parsed_once_from_its_longest_prompt(monkeypatch):
     p3 = p2 + c2 + [1, 2, 3]
     c3 = [11, 12, 13, 14]
     rows = [("t1", _fmt(p1), _fmt(c1)), ("t1", _fmt(p2), _fmt(c2)), ("t1", _fmt(p3), _fmt(c3))]
-    parsed = []  # ids each parse read
-    split = C._split_ids
-
-    def count(s: pl.Series) -> pl.Series:
-        parsed.append(int(s.list.len().sum() or 0))
-        return s
-
-    def counting(text):
-        return split(text).map_batches(count, return_dtype=pl.List(pl.Int32))
-
-    monkeypatch.setattr(C, "_split_ids", counting)
+    parsed = _counting(monkeypatch)  # ids each parse read
     got = C.token_columns(_calls(rows))
     assert got["prompt_token_ids"].to_list() == [p1, p2, p3]
     assert got["completion_token_ids"].to_list() == [c1, c2, c3]
@@ -95,10 +107,7 @@ def test_an_anchor_not_written_canonically_is_still_parsed_once(monkeypatch):
     # its ends were counted from each id's digits, so "+1" or "007" (which the split
     # reads) made the anchor cover nothing and every row was parsed again on its own
     rows = [("c", "[+1,2]", "[3]"), ("c", "[+1,2,3,4]", "[5]"), ("d", "[007,1]", "[2]"), ("d", "[007,1,2,3]", "[4]")]
-    parsed = []
-    split = C._split_ids
-    monkeypatch.setattr(C, "_split_ids", lambda text: split(text).map_batches(
-        lambda s: parsed.append(int(s.list.len().sum() or 0)) or s, return_dtype=pl.List(pl.Int32)))
+    parsed = _counting(monkeypatch)
     got = C.token_columns(_calls(rows))
     assert got["prompt_token_ids"].to_list() == [[1, 2], [1, 2, 3, 4], [7, 1], [7, 1, 2, 3]]
     assert got["completion_token_ids"].to_list() == [[3], [5], [2], [4]]
@@ -122,3 +131,64 @@ def test_a_value_that_is_not_ids_leaves_the_shared_parse_for_the_guarded_one():
     assert got["prompt_token_ids"].to_list() == [[1, 2, 3], [1, 2, 3, 4, 5], None]
     assert got["completion_token_ids"].to_list() == [[4], [6], [1]]
     assert got["bad_token_ids"].to_list() == [False, False, True]
+
+
+def test_anchors_of_plain_digits_are_read_from_their_bytes_not_split(monkeypatch):
+    # the collector's form of an int array: the anchors' ids come from their bytes, the
+    # split reads only what no anchor covers (here the last completion, after no prompt)
+    p1, c1 = list(range(99_999_990, 100_000_000)) + [0, 5, 10**7], [1, 22, 333]
+    p2 = p1 + c1 + [4444, 55555, 666666, 7777777]
+    rows = [("t", _fmt(p1), _fmt(c1)), ("t", _fmt(p2), _fmt([8]))]
+    split = _counting(monkeypatch, "split")
+    from_bytes = _counting(monkeypatch, "bytes")
+    got = C.token_columns(_calls(rows))
+    assert got["prompt_token_ids"].to_list() == [p1, p2]
+    assert got["completion_token_ids"].to_list() == [c1, [8]]
+    assert from_bytes == [len(p2)] and sum(split) == 1
+
+
+ANCHORS = [
+    ["[1,2,3]", "[0]", "[12345678,87654321]", "[99999999,1]"],  # every width the byte parse reads
+    ["[00000007,007,0]", "[10000000]"],  # leading zeros: the number, as the split reads it
+    ["[1,2]", "[123456789]"],  # nine digits: the split's (it fits int32)
+    ["[1,2]", "[2147483647,-2147483648]"],  # signs
+    ["[1,2]", "[2147483648]"],  # past int32: the split raises
+    ["[+1,2]"], ["[1, 2]"], ["[1,,2]"], ["[1,2,]"], ["[,1]"],  # what the split reads or rejects alone
+    ["[1]2]", "[3]"], ["[]1]"], ["[1,[2]"], ["[1,2"],  # brackets inside, a torn list
+    ["[\u0661]"], ["[1,\u0662]"],  # digits that are not ASCII
+]
+
+
+@pytest.mark.parametrize("texts", ANCHORS)
+def test_the_byte_parse_reads_what_the_split_reads(texts):
+    text = pl.Series("p", texts, pl.String)
+    try:
+        want = text.to_frame().select(C._split_ids(pl.col("p")))["p"].to_list()
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+        want = None
+    try:
+        got = C._anchors(text)[0].to_list()
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+        got = None
+    assert got == want
+
+
+def test_the_byte_parse_reads_what_the_split_reads_on_random_lists():
+    rng = random.Random(7)
+    for _ in range(200):
+        texts = [_fmt([rng.choice([rng.randrange(10), rng.randrange(10**rng.randrange(1, 9))]) for _ in range(rng.randrange(1, 30))])
+                 for _ in range(rng.randrange(1, 6))]
+        if rng.random() < 0.3:  # a byte changed: the same ids, or the same refusal
+            i = rng.randrange(len(texts))
+            j = rng.randrange(len(texts[i]))
+            texts[i] = texts[i][:j] + rng.choice("0123456789,[]+- x") + texts[i][j + 1:]
+        text = pl.Series("p", texts, pl.String)
+        try:
+            want = text.to_frame().select(C._split_ids(pl.col("p")))["p"].to_list()
+        except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+            want = None
+        try:
+            got = C._anchors(text)[0].to_list()
+        except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+            got = None
+        assert got == want, texts
