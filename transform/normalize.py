@@ -49,6 +49,14 @@ PROMPT_KEYS = ("gen_ai.prompt.name", "gen_ai.prompt.version")
 _ANY_TYPE = frozenset(TEMPERATURE_KEYS + INPUT_TOKEN_KEYS + OUTPUT_TOKEN_KEYS + FINISH_KEYS + ("logprobs.content",))
 _EXACT = frozenset(GENAI_JSON + FINISH_KEYS + MODEL_KEYS + PROVIDER_KEYS + PROMPT_KEYS + tuple(_ANY_TYPE) + (
     "input.value", "output.value", "openinference.span.kind", "llm.invocation_parameters", "gen_ai.response.id"))
+#: The keys `_records` reads as text, one column each.
+_TEXT_KEYS = tuple(sorted(set(MODEL_KEYS + PROVIDER_KEYS + PROMPT_KEYS) | {
+    "gen_ai.response.id", "openinference.span.kind", "llm.invocation_parameters", "output.value"}))
+#: Which sets of keys each attribute's key is in, as columns of `_long`'s `vals`: worked
+#: out once per distinct key, where testing each attribute's key text against a set
+#: (hashing it) cost about 5 ms per set and bucket.
+_KEY_SETS = {"_genai": GENAI_JSON[:3], "_genai_any": GENAI_JSON, "_any_type": tuple(sorted(_ANY_TYPE)),
+             "_text_key": _TEXT_KEYS}
 _PREFIXES = ("gen_ai.prompt.", "gen_ai.completion.", "llm.input_messages.", "llm.output_messages.", "llm.tools.",
              "llm.request.functions.")
 #: `prefix.{i}.rest`, as `conventions.indexed` groups keys (ASCII digits; other keys under
@@ -154,7 +162,8 @@ def read_frames(call_rows: pl.DataFrame, events: dict[tuple[str, str], list[dict
 def _long(call_rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """`feats`: per row, what its keys say (content keys, token ids, OpenInference
     groups, ...); `vals`: (row, key, type, text, value) of the attributes the records
-    read, `text` their value as text where it is text, `_kid` the key's number in this frame."""
+    read, `text` their value as text where it is text, `_kid` the key's number in this
+    frame, and whether the key is in each of `_KEY_SETS`."""
     long = (call_rows.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "attributes")
             .explode("attributes").filter(pl.col("attributes").is_not_null())
             .select("row", pl.col("attributes").struct.field("key").alias("key"),
@@ -189,12 +198,13 @@ def _long(call_rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     # inner joins: the keys' filter and their columns in one operation, not two (half the CPU)
     feats = (long.select("row", "key").join(flagged.select("key", *flags), on="key")
              .group_by("row").agg([pl.col(c).any() for c in flags]))
-    kept = kinfo.filter("_keep").select("key", "_kid", "head", "g", "rest", "_key_why")
+    kept = kinfo.filter("_keep").select("key", "_kid", "head", "g", "rest", "_key_why",
+                                         *[key.is_in(ks).alias(name) for name, ks in _KEY_SETS.items()])
     long = long.join(kept, on="key", how="inner", maintain_order="left")
     v = pl.col("value")
     typ = v.struct.field("type")
     vals = long.select(
-        "row", "key", "_kid", "head", "g", "rest", "_key_why", typ.alias("type"),
+        "row", "key", "_kid", "head", "g", "rest", "_key_why", *_KEY_SETS, typ.alias("type"),
         pl.when(typ == "string").then(v.struct.field("string_value"))
         .when(typ.is_in(["array", "kvlist"])).then(v.struct.field("json_value")).alias("text"),
         "value")
@@ -219,25 +229,29 @@ def _python_reasons(meta: pl.DataFrame, feats: pl.DataFrame, vals: pl.DataFrame,
     key, typ, text = pl.col("key"), pl.col("type"), pl.col("text")
     bad_value = (
         _python_none(typ, pl.col("value"))
-        | (key.is_in(GENAI_JSON) & ~typ.is_in(["string", "array"]))
-        | (~key.is_in(GENAI_JSON) & ~key.is_in(sorted(_ANY_TYPE)) & (typ != "string"))
+        | (pl.col("_genai_any") & ~typ.is_in(["string", "array"]))
+        | (~pl.col("_genai_any") & ~pl.col("_any_type") & (typ != "string"))
     )
     per_key = vals.select(
         "row",
         pl.when(bad_value).then(pl.lit("values of unexpected types"))
         .when(pl.col("_key_why").is_not_null()).then(pl.col("_key_why"))
-        .when(key.is_in(GENAI_JSON[:3]) & text.str.contains(_UNVOUCHED))
+        # (the pattern tried on the GenAI messages' text only, not on every attribute's)
+        .when(pl.col("_genai") & pl.when(pl.col("_genai")).then(text).str.contains(_UNVOUCHED))
         .then(pl.lit("GenAI messages with structured or null fields"))
         .alias("why"),
     ).filter(pl.col("why").is_not_null()).group_by("row").agg(pl.col("why").min())
     # (a key twice: Python keeps the last value; only the keys read here matter)
     # (row, key) as one integer: hashing it costs half of hashing the pair with the key's text
     pair = pl.col("row").cast(pl.UInt64) * pl.lit(1 << 32, pl.UInt64) + pl.col("_kid").cast(pl.UInt64)
-    dup = vals.filter(vals.select(pair.is_duplicated()).to_series()).select(
-        "row", pl.lit("repeated attribute keys").alias("why")).unique("row")
+    dup = vals.select("row", pair.is_duplicated().alias("_dup")).filter("_dup").select(
+        "row", pl.lit("repeated attribute keys").alias("why")).unique("row") if vals.select(
+        pair.n_unique()).item() < vals.height else pl.DataFrame(schema={"row": pl.UInt32, "why": pl.String})
     has = feats
-    oi_kind = vals.filter(key == "openinference.span.kind").group_by("row").agg(text.last().alias("oi_kind"))
-    genai = vals.filter(key.is_in(GENAI_JSON[:3])).group_by("row").agg(pl.len().alias("g"))
+    # (each filter on the columns it needs: a filter copies every column it keeps)
+    oi_kind = vals.select("row", "key", "text").filter(key == "openinference.span.kind").group_by("row").agg(
+        text.last().alias("oi_kind"))
+    genai = vals.select("row", "_genai").filter("_genai").group_by("row").agg(pl.len().alias("g"))
     t = (meta.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "trace_id", "span_id")
          .join(has, on="row", how="left").join(oi_kind, on="row", how="left").join(genai, on="row", how="left"))
     ev = [(a, b) in events for a, b in zip(t["trace_id"].to_list(), t["span_id"].to_list())] if events else None
@@ -285,18 +299,16 @@ def _records(meta: pl.DataFrame, feats: pl.DataFrame, vals: pl.DataFrame,
     need Python after all (JSON the fixed shape could not decode); and their messages,
     one per line (`row, side, role, content, name, tool_calls, tool_call_id`), inputs in
     order then each row's output."""
-    vals = vals.filter(pl.col("row").is_in(fast.implode()))
-    base = meta.with_row_index("row").filter(pl.col("row").is_in(fast.implode()))
+    base = meta.with_row_index("row")
+    if fast.len() < meta.height:  # (fast: distinct rows; all of them, most often: nothing to filter)
+        vals = vals.filter(pl.col("row").is_in(fast.implode()))
+        base = base.filter(pl.col("row").is_in(fast.implode()))
     df = base.join(feats.select("row", "has_content_key", "capture_off_key", "token_key", "response_ids"), on="row",
                    how="left")
     msgs, why, flat = _messages(vals)
     df = df.join(msgs, on="row", how="left").join(why, on="row", how="left")
-    text_keys = sorted(set(MODEL_KEYS + PROVIDER_KEYS + PROMPT_KEYS) | {
-        "gen_ai.response.id", "openinference.span.kind", "llm.invocation_parameters", "output.value"})
-    value_keys = sorted(_ANY_TYPE)
-    key = pl.col("key")
-    for ks, what, prefix in ((text_keys, "text", ""), (value_keys, "value", "v:")):
-        sub = vals.filter(key.is_in(ks))
+    for ks, which, what, prefix in ((_TEXT_KEYS, "_text_key", "text", ""), (_KEY_SETS["_any_type"], "_any_type", "value", "v:")):
+        sub = vals.select("row", "key", what, which).filter(which)
         wide = sub.pivot(on="key", index="row", values=what, aggregate_function=None) if sub.height else None
         missing = [k for k in ks if wide is None or k not in wide.columns]
         if wide is not None:
@@ -435,8 +447,8 @@ def _messages(vals: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Per row: `layout`, `input_messages`, `output_message`, `_call_finish` (the
     finish reason the layout's messages carry), `_problems`; and (row, _why) for rows
     the fixed JSON shape could not read."""
-    genai_rows = vals.filter(pl.col("key").is_in(GENAI_JSON[:3])).select("row").unique()
-    idx = vals.filter(pl.col("head").is_not_null()).select("row", "head", "g", "rest", "text")
+    genai_rows = vals.select("row", "_genai").filter("_genai").select("row").unique()
+    idx = vals.select("row", "head", "g", "rest", "text").filter(pl.col("head").is_not_null())
     idx = idx.filter(~pl.col("row").is_in(genai_rows["row"].implode()))
     oi_rows = idx.filter(pl.col("head").is_in(["llm.input_messages", "llm.output_messages"])).select("row").unique()
     legacy = idx.filter(~pl.col("row").is_in(oi_rows["row"].implode())
@@ -520,7 +532,7 @@ def _genai(vals: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
     """GenAI JSON messages (`from_genai_messages`, `read_genai`) decoded with one fixed
     shape; rows it cannot vouch for come back in the third frame, for Python."""
     empty_why = pl.DataFrame(schema={"row": pl.UInt32, "_why": pl.String})
-    g = vals.filter(pl.col("key").is_in(GENAI_JSON[:3]))
+    g = vals.select("row", "key", "text", "_genai").filter("_genai")
     if g.height == 0:
         return pl.DataFrame(schema=_FLAT), pl.DataFrame(schema={"row": pl.UInt32, "layout": pl.String}), empty_why
     rows = g.select("row").unique()
@@ -564,7 +576,8 @@ def _genai(vals: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
                     pl.col("tool_calls").fill_null(_EMPTY_CALLS), pl.lit(None, pl.String).alias("tool_call_id")))
     flat = pl.concat([main.cast(_FLAT), resp.cast(_FLAT)])
     # the system instructions, once: unless a system message already says the same
-    sys_text = vals.filter(pl.col("key") == "gen_ai.system_instructions").select("row", "value")
+    sys_text = vals.select("row", "key", "value").filter(pl.col("key") == "gen_ai.system_instructions").select(
+        "row", "value")
     sysm = sys_text.with_columns(_per_value(sys_text["value"], _system, pl.Struct(
         {"present": pl.Boolean, "content": pl.String, "error": pl.Boolean})).alias("s")).unnest("s")
     why = pl.concat([why, sysm.filter(pl.col("error")).select(
@@ -622,8 +635,9 @@ def _tools(vals: pl.DataFrame) -> pl.DataFrame:
     """(row, tools, _problems): `normalize_tools` of each layout's tool definitions, as
     the JSON text a record holds, read once per distinct set."""
     key = pl.col("key")
-    genai = vals.filter(key == "gen_ai.tool.definitions").select("row", (pl.lit("g:") + pl.col("text")).alias("tk"))
-    idx = vals.filter(pl.col("head").is_in(["llm.tools", "llm.request.functions"])).select(
+    genai = vals.select("row", "key", "text").filter(key == "gen_ai.tool.definitions").select(
+        "row", (pl.lit("g:") + pl.col("text")).alias("tk"))
+    idx = vals.select("row", "head", "g", "rest", "text").filter(pl.col("head").is_in(["llm.tools", "llm.request.functions"])).select(
         "row", "head", pl.col("g").alias("i"), "rest", "text")
     out = pl.DataFrame(schema={"row": pl.UInt32})
     for suffix, part in (("g", genai),
