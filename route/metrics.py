@@ -72,25 +72,39 @@ class Metrics:
         self.missing = Gauge("nightshift_route_missing_versions", "Versions the upstream said it does not have, "
                              "skipped for missing_ttl.", registry=r)
         self.gc_pauses = Histogram("nightshift_route_gc_pause_seconds", "The interpreter's collector passes in the "
-                                   "proxy, by generation: each one stalls every stream in flight (wall time).",
+                                   "proxy, by generation (wall time); one with streams in flight stalls them all "
+                                   "(nightshift_route_gc_stall_seconds).",
                                    ["generation"], buckets=GC_BUCKETS, registry=r)
+        self.gc_stalls = Histogram("nightshift_route_gc_stall_seconds", "The collector passes of "
+                                   "nightshift_route_gc_pause_seconds taken with proxied requests in flight: the "
+                                   "stall each of their streams felt (the proxy takes its passes when none is in "
+                                   "flight, and at most one every few seconds otherwise).", buckets=GC_BUCKETS,
+                                   registry=r)
+        self.gc_passes = Counter("nightshift_route_gc_scheduled_passes", "Full collector passes the proxy took itself "
+                                 "(its automatic collector is off while it serves), by why: idle (the last request "
+                                 "in flight ended), gap (max_gap seconds of serving without one), "
+                                 "growth (the tracked objects grew by max_growth).", ["why"], registry=r)
 
         # the request path's: children looked up once (Children)
         self.request, self.decision = Children(self.requests), Children(self.decisions)
         self.prompt_decision = Children(self.prompt_decisions)
 
-    def gc_watcher(self) -> Callable[[str, dict], None]:
-        """A `gc.callbacks` entry timing each collector pass into `gc_pauses`. The p99
-        target is set by stalls felt by every stream at once, and a pass is one (1-20
-        ms measured under load, 5-7 % of the proxy's CPU): the benchmark reads them
-        per phase, and an operator sees them beside the overhead histogram."""
-        passes, start = [self.gc_pauses.labels(str(g)) for g in range(3)], [0.0]
+    def gc_watcher(self, busy: Callable[[], int] = lambda: 0) -> Callable[[str, dict], None]:
+        """A `gc.callbacks` entry timing each collector pass into `gc_pauses`, and into
+        `gc_stalls` when `busy()` (the requests in flight) is not 0 as it starts. The
+        p99 target is set by stalls felt by every stream at once, and a pass with
+        streams in flight is one (1-5 ms measured at 200 streams): the benchmark
+        reads them per phase, and an operator sees them beside the overhead histogram."""
+        passes, start = [self.gc_pauses.labels(str(g)) for g in range(3)], [0.0, 0]
 
         def watch(phase: str, info: dict) -> None:
             if phase == "start":
-                start[0] = time.perf_counter()
+                start[0], start[1] = time.perf_counter(), busy()
             else:
-                passes[info["generation"]].observe(time.perf_counter() - start[0])
+                took = time.perf_counter() - start[0]
+                passes[info["generation"]].observe(took)
+                if start[1]:
+                    self.gc_stalls.observe(took)
 
         return watch
 

@@ -32,6 +32,7 @@ from multidict import CIMultiDict
 
 from .choose import choose, sticky_key
 from .config import RouteConfig
+from .gcidle import IdleCollector
 from .headers import HeaderError, to_client, to_upstream
 from .mark import StreamMarker, mark_body, tag
 from .metrics import Metrics
@@ -111,6 +112,8 @@ class Proxy:
                          cfg.read_timeout, tls)
         self.missing: dict[str, float] = {}  # versioned name -> monotonic time it may be tried again
         self.prompts = PromptRouter()
+        # started by `serve`: the collector's passes where they stall no stream (gcidle.py)
+        self.gc = IdleCollector(lambda why: metrics.gc_passes.labels(why).inc())
 
     async def close(self) -> None:
         await self.pool.close()
@@ -151,10 +154,12 @@ class Proxy:
                                 else None)
         t0 = time.perf_counter()
         self.metrics.inflight.inc()
+        self.gc.begin()
         try:
             return await self._forward(request, target, t0)
         finally:
             self.metrics.inflight.dec()
+            self.gc.end()
 
     def _head(self, request: web.BaseRequest, target: Target) -> bytes:
         """The request line and headers for the upstream, less Content-Length."""

@@ -143,8 +143,9 @@ async def serve(cfg: RouteConfig, table: RouteTable, ready: asyncio.Event | None
     # that a full collection (20 ms measured mid-load) does not land on a request.
     gc.collect()
     gc.freeze()
-    watch = app.metrics.gc_watcher()
+    watch = app.metrics.gc_watcher(lambda: app.proxy.gc.busy)
     gc.callbacks.append(watch)
+    app.proxy.gc.start()  # and from here on no automatic pass: the proxy takes them when idle (gcidle.py)
     try:
         if ready is not None:
             ready.set()
@@ -154,6 +155,7 @@ async def serve(cfg: RouteConfig, table: RouteTable, ready: asyncio.Event | None
         await runner.cleanup()
         await app.proxy.close()
     finally:
+        app.proxy.gc.stop()
         gc.callbacks.remove(watch)
 
 
