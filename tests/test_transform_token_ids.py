@@ -192,3 +192,25 @@ def test_the_byte_parse_reads_what_the_split_reads_on_random_lists():
         except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
             got = None
         assert got == want, texts
+
+
+@pytest.mark.parametrize("odd", [None, "123456789", "1 ", "[2", "+3"])
+def test_the_byte_parse_reads_what_the_split_reads_across_its_blocks(odd):
+    # anchors longer than a block of bytes and of ids (the parse works a block at a
+    # time): the ids after a block's edge, and an odd one far into the text
+    rng = random.Random(3)
+    ids = [[rng.randrange(10**rng.randrange(1, 9)) for _ in range(rng.randrange(20_000, 40_000))] for _ in range(4)]
+    texts = [_fmt(x) for x in ids]
+    if odd is not None:
+        texts[2] = texts[2][:-1] + "," + odd + "]"
+    text = pl.Series("p", texts, pl.String)
+    assert text.str.len_bytes().sum() > 2 * C._BYTES and sum(map(len, ids)) > 2 * C._IDS
+    try:
+        want = text.to_frame().select(C._split_ids(pl.col("p")))["p"].to_list()
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+        want = None
+    try:
+        got = C._anchors(text)[0].to_list()
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):
+        got = None
+    assert got == want and (odd is not None or got == ids)

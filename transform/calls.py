@@ -429,10 +429,21 @@ def _anchors(text: pl.Series) -> tuple[pl.Series, np.ndarray, np.ndarray, np.nda
     offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + len(arr) + 1]
     data = np.frombuffer(arr.buffers()[2] or b"", np.uint8)
     buf = data[offsets[0]:offsets[-1]]
-    ends = np.flatnonzero((buf == 44) | (buf == 93))  # "," and "]"
     at = offsets - offsets[0]
+    # in blocks: a block's temporaries stay in the CPU's cache and are reused, where
+    # whole-text ones (tens of MB a bucket) were each faulted in anew
+    ends_in, other = [], 0  # each block's ends; bytes neither digits nor ends
+    for lo in range(0, len(buf), _BYTES):
+        b = buf[lo:lo + _BYTES]
+        end = b == 44  # ","
+        end |= b == 93  # "]"
+        found = np.flatnonzero(end)
+        found += lo
+        ends_in.append(found)
+        other += len(b) - len(found) - np.count_nonzero((b - np.uint8(48)) < 10)
+    ends = np.concatenate(ends_in) if ends_in else np.zeros(0, np.int64)
     bounds = np.searchsorted(ends, at)  # each anchor's first end: the first at or after its start
-    parsed = _digit_ids(buf, at, ends, bounds)
+    parsed = _digit_ids(buf, at, ends, bounds) if other == len(at) - 1 else None  # the "[" alone
     if parsed is None:  # not every id plain digits: Polars' parse, what every other row goes through
         parsed = text.to_frame("p").select(_split_ids(pl.col("p")))["p"]
     whole = np.diff(bounds) == parsed.list.len().to_numpy().astype(np.int64)
@@ -441,44 +452,48 @@ def _anchors(text: pl.Series) -> tuple[pl.Series, np.ndarray, np.ndarray, np.nda
 
 #: Subtracted from 8 ASCII digits read as one little-endian integer: their values.
 _ZEROS = np.uint64(0x3030303030303030)
-#: Ids parsed at once: a block's arrays stay in the CPU's cache (twice as fast as one pass).
-_BLOCK = 1 << 15
+#: Bytes and ids worked on at once: a block's arrays stay in the CPU's cache.
+_BYTES, _IDS = 1 << 18, 1 << 15
 
 
 def _digit_ids(buf: np.ndarray, at: np.ndarray, ends: np.ndarray, bounds: np.ndarray) -> pl.Series | None:
     """The anchors' ids read straight from their bytes where every anchor is "[" ids
     "," ... "]" and every id 1 to 8 ASCII digits (a collector's OTLP int array: token
-    ids are under a million), else None. Those texts `_split_ids` reads too, as the
-    same numbers (leading zeros included), and they fit int32: the same ids, for about
-    a third of its CPU (it makes a string of each id, then parses it). Each id is the
-    8 bytes that end at its end, read as one integer, the bytes before the id shifted
-    out, whose digits are summed in pairs, fours and eights (SWAR)."""
+    ids are under a million), else None; the caller has checked that every byte is a
+    digit, a "," or "]" (an end), or one "[" per anchor. Those texts `_split_ids` reads
+    too, as the same numbers (leading zeros included), and they fit int32: the same
+    ids, for about a third of its CPU (it makes a string of each id, then parses it).
+    Each id is the 8 bytes that end at its end, read as one integer, the bytes before
+    the id shifted out, whose digits are summed in pairs, fours and eights (SWAR)."""
     n = len(at) - 1
-    if n == 0 or len(ends) == 0:
-        return None
     first, last = at[:-1], at[1:] - 1
-    if (np.count_nonzero((buf - np.uint8(48)) < 10) + len(ends) + n != len(buf)
-            or np.count_nonzero(buf == 91) != n or not (buf[first] == 91).all()
-            or np.count_nonzero(buf[ends] == 93) != n or not (buf[last] == 93).all()):
-        return None  # something else than digits, commas and the brackets around each anchor
-    width = np.diff(ends, prepend=-1) - 1
-    width[bounds[:-1]] = ends[bounds[:-1]] - first - 1  # each anchor's first id starts after its "["
-    if width.min() < 1 or width.max() > 8:
-        return None  # an empty id ("[1,,2]") or one of 9 digits or more
+    if (n == 0 or len(ends) == 0 or not (buf[first] == 91).all() or not (buf[last] == 93).all()
+            or sum(np.count_nonzero(buf[ends[i:i + _IDS]] == 93) for i in range(0, len(ends), _IDS)) != n):
+        return None  # a bracket elsewhere than around each anchor
     pad = np.empty(len(buf) + 8, np.uint8)  # 8 bytes before the first: each id has 8 to read
     pad[:8] = 48
     np.maximum(buf, 48, out=pad[8:])  # "," as "0": no byte below "0", so none borrows from the id's
     words = np.ndarray((len(pad) - 7,), np.dtype("<u8"), pad, 0, (1,))  # the 8 bytes from each place
     out = np.empty(len(ends), np.int32)
-    for i in range(0, len(ends), _BLOCK):
-        v = words[ends[i:i + _BLOCK]]  # the 8 bytes before each id's end (the pad shifts places by 8)
+    heads = bounds[:-1]  # each anchor's first id: it starts after the "[", not after an end
+    for i in range(0, len(ends), _IDS):
+        e = ends[i:i + _IDS]
+        width = np.empty(len(e), np.int64)
+        width[0] = e[0] - (ends[i - 1] if i else -1) - 1
+        np.subtract(e[1:], e[:-1], out=width[1:])
+        width[1:] -= 1
+        h = heads[np.searchsorted(heads, i):np.searchsorted(heads, i + len(e))]
+        width[h - i] = e[h - i] - first[np.searchsorted(heads, h)] - 1
+        if width.min() < 1 or width.max() > 8:
+            return None  # an empty id ("[1,,2]") or one of 9 digits or more
+        v = words[e]  # the 8 bytes before each id's end (the pad shifts places by 8)
         v -= _ZEROS  # each digit's value, the id's first digit in the lowest of its bytes
-        shift = (8 - width[i:i + _BLOCK]).astype(np.uint64) << np.uint64(3)
+        shift = (8 - width).astype(np.uint64) << np.uint64(3)
         v >>= shift  # the bytes before the id out, zeros in their place
         v <<= shift
         v = (v * np.uint64(10) + (v >> np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
         v = (v * np.uint64(100) + (v >> np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
-        out[i:i + _BLOCK] = v * np.uint64(10000) + (v >> np.uint64(32))  # the low 32 bits: under 10^8
+        out[i:i + _IDS] = v * np.uint64(10000) + (v >> np.uint64(32))  # the low 32 bits: under 10^8
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(np.diff(bounds), out=offsets[1:])
     return pl.from_arrow(pa.ListArray.from_arrays(pa.array(offsets), pa.array(out)))
