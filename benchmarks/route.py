@@ -372,6 +372,7 @@ class Proxied:
     reads: int = 0  # its read and write system calls (/proc/PID/io syscr, syscw) over the same rounds
     writes: int = 0
     gc: dict = field(default_factory=dict)  # generation -> [passes, seconds, passes over 2 ms] in its phases
+    stalls: dict = field(default_factory=dict)  # gc_stalls' figures summed over its phases (route9's proxy on)
 
 
 @dataclass
@@ -448,11 +449,39 @@ def gc_pauses(text: str) -> dict[int, list[float]]:
     return {g: [n, sec, n - short] for g, (n, sec, short) in out.items()}
 
 
-def scrape_gc(port: int) -> dict[int, list[float]]:
+_STALL_LINE = re.compile(r'nightshift_route_gc_stall_seconds_(count|sum|bucket)(?:\{le="([^"]+)"\})? (\S+)')
+
+
+def gc_stalls(text: str) -> dict[str, float]:
+    """The passes of `gc_pauses` taken with proxied requests in flight (route9's proxy
+    serves them apart: it takes its passes when none is): "n", "s" and, per bucket,
+    "le=X" (cumulative). Empty from a proxy before route9's, where every pass in a
+    phase is one."""
+    out: dict[str, float] = {}
+    for kind, le, v in _STALL_LINE.findall(text):
+        out["n" if kind == "count" else "s" if kind == "sum" else f"le={le}"] = float(v)
+    return out
+
+
+def largest_ms(stalls: dict[str, float]) -> str:
+    """The largest stall of a phase's bucket counts (their differences): the first
+    bucket that holds them all bounds it."""
+    bounds = sorted((float(k[3:]), v) for k, v in stalls.items() if k.startswith("le=") and k != "le=+Inf")
+    if not stalls.get("n"):
+        return "none"
+    for le, v in bounds:
+        if v >= stalls["n"]:
+            return f"<= {1000 * le:g} ms"
+    return f"> {1000 * bounds[-1][0]:g} ms" if bounds else "?"
+
+
+def scrape(port: int) -> tuple[dict[int, list[float]], dict[str, float]]:
+    """The proxy's collector passes and stalls, from one /metrics."""
     try:
-        return gc_pauses(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     except OSError:
-        return {}
+        return {}, {}
+    return gc_pauses(text), gc_stalls(text)
 
 
 def steal_s() -> float:
@@ -510,7 +539,7 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
         return [tuple(p.cpu_times()[:2]) for p in procs], busy_s()
 
     async def timed(m: Measured, who: str, r: int, port: int, model: str, proxy: psutil.Process | None = None):
-        gc0 = scrape_gc(port) if proxy is not None else {}  # outside the phase's CPU and time
+        gc0, st0 = scrape(port) if proxy is not None else ({}, {})  # outside the phase's CPU and time
         (t0, b0), i = times(), procs.index(proxy) if proxy is not None else -1
         io0 = proxy.io_counters() if proxy is not None else None
         if args.harness == "steady":
@@ -537,9 +566,12 @@ async def bench(args: argparse.Namespace, up_port: int, ports: list[int], procs:
             p.others += ph.others
             p.reads += io1.read_count - io0.read_count
             p.writes += io1.write_count - io0.write_count
-            for g, after in scrape_gc(port).items():
+            gc1, st1 = scrape(port)
+            for g, after in gc1.items():
                 before = gc0.get(g, [0.0, 0.0, 0.0])
                 p.gc[g] = [a + x - b for a, x, b in zip(p.gc.get(g, [0.0, 0.0, 0.0]), after, before)]
+            for k, after in st1.items():
+                p.stalls[k] = p.stalls.get(k, 0.0) + after - st0.get(k, 0.0)
 
     def new(suffix: str = "") -> Measured:
         return Measured([], 0.0, [Proxied(("proxied" if i == 0 else "baseline") + suffix, []) for i in range(len(ports))])
@@ -746,8 +778,13 @@ def report(head: list[str], args: argparse.Namespace, m: Measured) -> list[str]:
             *([f"  {who or 'proxy '}collector passes in its phases: {sum(v[0] for v in p.gc.values()):.0f}, "
                f"{1000 * sum(v[1] for v in p.gc.values()):.1f} ms in all ("
                + ", ".join(f"gen{g} {v[0]:.0f} / {1000 * v[1]:.1f} ms" for g, v in sorted(p.gc.items()))
-               + f"), {sum(v[2] for v in p.gc.values()):.0f} of them over 2 ms: each stalls every stream in flight"]
+               + f"), {sum(v[2] for v in p.gc.values()):.0f} of them over 2 ms"
+               + (": each stalls every stream in flight" if not p.stalls else "")]
               if p.gc else []),
+            *([f"  {who or 'proxy '}collector passes with requests in flight (a stall of every stream): "
+               f"{p.stalls['n']:.0f}, {1000 * p.stalls.get('s', 0.0):.1f} ms in all, "
+               f"{p.stalls['n'] - p.stalls.get('le=0.002', 0.0):.0f} over 2 ms, the largest {largest_ms(p.stalls)}"]
+              if p.stalls else []),
             f"  others on this machine during the {who}proxied rounds: {p.others:.2f} CPU-s "
             f"({100 * p.others / p.secs / os.cpu_count():.0f} % of the CPUs)",
             f"  {who}p99 overhead at {args.streams} streams{rewriting}: {worst:.2f} ms ({T_OVERHEAD.check(worst)})"
