@@ -22,9 +22,11 @@ takes full passes itself:
   of several a second.
 
 Why this cannot leak: what only a pass reclaims is cyclic garbage, and the error
-paths make it (with the collector off, per request: a stream the upstream cuts
-~69 objects, an upstream silent past read_timeout ~58, unreachable ~47, a
-malformed request ~29, a client gone mid-stream ~28; a connection closed ~7). A
+paths make it (with the collector off, per request on a connection of its own: an
+upstream unreachable ~47 objects, a malformed request ~29, a client gone
+mid-stream ~28, a stream the upstream cuts or an upstream silent past
+read_timeout ~27; a closed connection's 7 included), none of it holding the
+request's body since route9 (`Proxy._failed`, `Connection.connection_lost`). A
 pass comes before `max_gap` seconds of serving pass and before the tracked objects
 grow by `max_growth`, so what waits for one is bounded by both
 (tests/test_route_gc_idle.py sends errors of each kind and finds none left after

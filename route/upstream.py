@@ -107,10 +107,13 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.pool.forget(self)
         reason = self.pool.closing_reason.pop(self, "broken")
+        # a closed connection is garbage in a cycle (its parser calls it back) until the proxy's next collector
+        # pass (gcidle.py): it must not keep the request it was sending, up to max_body_bytes, until then
+        request, self.unanswered = self.unanswered, None
         if self.ex is not None:
             ex, self.ex = self.ex, None
-            if reason == "broken" and self.sent > 1 and self.unanswered is not None and not self.pool.closed:
-                self.pool.retry(ex, self.unanswered)
+            if reason == "broken" and self.sent > 1 and request is not None and not self.pool.closed:
+                self.pool.retry(ex, request)
                 return
             where = "inside its answer" if ex.head.done() else "before answering"
             if reason == "timeout":
