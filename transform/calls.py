@@ -462,7 +462,7 @@ def _digit_ids(buf: np.ndarray, at: np.ndarray, ends: np.ndarray, bounds: np.nda
     ids are under a million), else None; the caller has checked that every byte is a
     digit, a "," or "]" (an end), or one "[" per anchor. Those texts `_split_ids` reads
     too, as the same numbers (leading zeros included), and they fit int32: the same
-    ids, for about a third of its CPU (it makes a string of each id, then parses it).
+    ids, for about half its CPU (it makes a string of each id, then parses it).
     Each id is the 8 bytes that end at its end, read as one integer, the bytes before
     the id shifted out, whose digits are summed in pairs, fours and eights (SWAR)."""
     n = len(at) - 1
