@@ -45,6 +45,20 @@ def collector(collector_factory):
     return collector_factory().start()
 
 
+# Fixtures that train the agent world's policies into ~/.cache (a fresh machine, as CI's, has none):
+# the first test to ask builds the chain, 150-300 CPU-s a stage; the suite's 300 s timeout is for hangs.
+POLICY_FIXTURES = {"world_policy", "world_candidates", "sensitive", "letters_policy"}
+POLICY_BUILD_TIMEOUT = 1200
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that may build a policy from an empty cache gets POLICY_BUILD_TIMEOUT
+    seconds (setup included) unless it names its own timeout."""
+    for item in items:
+        if POLICY_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(POLICY_BUILD_TIMEOUT))
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
