@@ -32,6 +32,10 @@ grow by `max_growth`, so what waits for one is bounded by both
 (tests/test_route_gc_idle.py sends errors of each kind and finds none left after
 the proxy's idle pass). Everything else is freed by reference counting as before,
 the moment it is let go.
+
+The collector is the process's: `nightshift route` runs in a process of its own;
+a process that runs `serve` beside other work (the tests) has it off meanwhile too,
+and back as it was once the last proxy in it stops (`hold`, `release`).
 """
 
 from __future__ import annotations
