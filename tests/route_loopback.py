@@ -15,13 +15,14 @@ from hardening.proc import free_port
 
 
 @contextlib.asynccontextmanager
-async def proxy_before(protocol, tmp_path) -> AsyncIterator[int]:
-    """The proxy's port, `protocol` serving as its upstream; both stopped on exit."""
+async def proxy_before(protocol, tmp_path, **settings) -> AsyncIterator[int]:
+    """The proxy's port, `protocol` serving as its upstream; both stopped on exit.
+    `settings`: RouteConfig fields a test sets (e.g. a short read_timeout)."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(protocol, "127.0.0.1", 0)
     listen = free_port()
     cfg = RouteConfig(listen=f"127.0.0.1:{listen}", upstream=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
-                      state=str(tmp_path / "routes.json"), drain_timeout=2.0)
+                      state=str(tmp_path / "routes.json"), **{"drain_timeout": 2.0, **settings})
     ready, stop = asyncio.Event(), asyncio.Event()
     task = loop.create_task(serve(cfg, RouteTable(tmp_path / "routes.json").load(), ready, stop))
     await ready.wait()

@@ -14,22 +14,17 @@ leave none behind, and what waits for a pass holds no body."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import re
 import socket
 import time
 import tracemalloc
-from typing import AsyncIterator
 
 import pytest
 
 from nightshift.route import gcidle
-from nightshift.route.config import RouteConfig
 from nightshift.route.gcidle import IdleCollector
-from nightshift.route.server import serve
-from nightshift.route.table import RouteTable
-from hardening.proc import free_port
+from route_loopback import proxy_before
 
 DONE = b"data: [DONE]\n\n"
 
@@ -90,22 +85,9 @@ def send(port: int, data: bytes, n: int, hang_up: bool = False) -> None:
                     break
 
 
-@contextlib.asynccontextmanager
-async def proxy(tmp_path) -> AsyncIterator[int]:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(Upstream, "127.0.0.1", 0)
-    listen = free_port()
-    cfg = RouteConfig(listen=f"127.0.0.1:{listen}", upstream=f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
-                      state=str(tmp_path / "routes.json"), drain_timeout=2.0, read_timeout=0.1)
-    ready, stop = asyncio.Event(), asyncio.Event()
-    task = loop.create_task(serve(cfg, RouteTable(tmp_path / "routes.json").load(), ready, stop))
-    await ready.wait()
-    try:
-        yield listen
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-        server.close()
+def proxy(tmp_path):
+    """The proxy before this file's scripted upstream, reads timing out at 0.1 s."""
+    return proxy_before(Upstream, tmp_path, read_timeout=0.1)
 
 
 async def metric(port: int, name: str) -> float:
