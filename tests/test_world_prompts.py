@@ -129,6 +129,30 @@ def test_a_counterfactual_twin_differs_only_where_the_instruction_was():
     assert not any("colour" in c or "arithmetic" in c for c in counterfactual.DISTRACTORS)
 
 
+def test_every_stage_a_policy_is_built_from_is_in_its_cache_key():
+    """A cached policy is reused only when every stage under it was built the same
+    way: a changed instruction-tuning stage, behaviour policy or seed makes the
+    counterfactual stage (and the letters stage on it) a different policy. Before,
+    the counterfactual key named its start only as "instructed", and a changed
+    InstructSpec reused the policy built from the old one."""
+    import dataclasses
+
+    import complement
+    import counterfactual
+    import policy
+
+    spec = counterfactual.PROMPT_SENSITIVE
+    assert spec.start == "instructed" and spec.instructed_spec() == policy.InstructSpec(base=spec.base)
+    other_instruct = dataclasses.replace(spec, instruct=dataclasses.replace(spec.instructed_spec(), epochs=7))
+    other_base = dataclasses.replace(spec, base=policy.PolicySpec(seed=9))
+    keys = {spec.key(), other_instruct.key(), other_base.key(), dataclasses.replace(spec, seed=9).key()}
+    assert len(keys) == 4
+    # the default instruction stage spelled out is the same policy as left implicit
+    assert dataclasses.replace(spec, instruct=spec.instructed_spec()).key() == spec.key()
+    letters = complement.LETTERS_POLICY
+    assert dataclasses.replace(letters, start=other_instruct).key() != letters.key()
+
+
 def test_the_probe_reads_the_first_tool_choice(world_policy):
     """evaluate.right_tool_probability, what the recipes were compared with: a
     probability per kind, the agent's own prompt when given None, and the world's

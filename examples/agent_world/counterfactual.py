@@ -158,6 +158,9 @@ class CounterfactualSpec:
     # nothing of the prompt), or "instructed", policy.InstructSpec's policy, which
     # reads the prompt but also its length: the twins unteach the length
     start: str = "base"
+    # the instruction-tuning stage's settings, when start is "instructed" (None: its
+    # defaults on `base`); part of the key, so a changed recipe is a different policy
+    instruct: policy.InstructSpec | None = None
     demos: int = 1600  # counterfactual twins included
     instructed: float = 0.5  # share of prompts with added lines whose lines include an instruction
     both: float = 1 / 3  # share of instructed prompts (with room for two lines) speaking of both kinds
@@ -173,16 +176,23 @@ class CounterfactualSpec:
 
     def key(self) -> str:
         fields = {**asdict(self), "lines": fingerprint()}
+        del fields["instruct"]
         if self.start == "base":  # as the first variants were keyed, before `start` was
             del fields["start"]
+        else:
+            fields["start"] = f"instructed-{self.instructed_spec().key()}"
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+    def instructed_spec(self) -> policy.InstructSpec:
+        """The instruction-tuning stage this one continues from (start "instructed")."""
+        return self.instruct or policy.InstructSpec(base=self.base)
 
 
 #: The recipe that reads what a prompt says (benchmarks/RESULTS.md): the default
 #: instructed policy, then one pass over counterfactual twins, most prompts with
 #: lines instructing, at a learning rate low enough to keep what it had learned.
 PROMPT_SENSITIVE = CounterfactualSpec(start="instructed", instructed=0.85, both=0.5, p_right_instructed=0.95,
-                                      epochs=1, learning_rate=5e-4)
+                                      epochs=8, learning_rate=5e-4)
 
 
 def demonstrations(spec: CounterfactualSpec) -> list[tuple[list[dict], bool]]:
@@ -243,7 +253,7 @@ def build(out: Path, spec: CounterfactualSpec | None = None, progress: bool = Tr
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == spec.key():
         return out
     if spec.start == "instructed":
-        ispec = policy.InstructSpec(base=spec.base)
+        ispec = spec.instructed_spec()
         base = policy.build_instructed(out.parent / f"instructed-{ispec.key()}", ispec, progress)
     elif spec.start == "base":
         base = policy.build(out.parent / f"policy-{spec.base.key()}", spec.base, progress)
