@@ -110,7 +110,8 @@ def test_a_twin_differs_only_where_an_instruction_was(letters):
 def letters_policy() -> Path:
     """complement.LETTERS_POLICY, what benchmarks/learning.py --world letters serves:
     built on counterfactual.PROMPT_SENSITIVE (test_world_prompts' policy, same cache)
-    unless cached; its own stage is about 950 steps (150 CPU-s on this machine)."""
+    unless cached; its own stage is about 1,450 steps (200 s on one thread), the
+    whole chain from the behaviour policy about 11 minutes (policy.READING_THREADS)."""
     spec = complement.LETTERS_POLICY
     root = Path(os.environ.get("NIGHTSHIFT_WORLD_CACHE") or "~/.cache/nightshift-agent-world").expanduser()
     try:
@@ -129,9 +130,11 @@ def test_only_a_prompt_that_says_so_sends_letters_questions_to_the_counter(lette
     under the agent's own prompt the policy almost never calls the counter, so its
     logs hold nearly no rewarded letters row for sft; under the stand-in's
     proposal, which quotes the other tools' error, it does. Measured on the build
-    keyed d092dc10b85c, 120 questions: own 0.004, proposal 0.972, the placebo 0.344
-    (a longer prompt lifts it a third as much: apo-placebo's arm measures that), a
-    colour line 0.18 on letters and 0.77 on colour (0.50 without).
+    keyed 77d21c0ad4b7, 40 questions: own 0.001, proposal 0.997, the placebo 0.004,
+    a colour line +0.41 on colour; for the other seeds recipe_check.py built
+    (examples/agent_world/recipe_check.py, benchmarks/RESULTS.md) the proposal
+    0.91-0.97. (The build before, d092dc10b85c, read a placebo at 0.344: a longer
+    prompt lifted it a third as much as the proposal.)
     """
     import evaluate
 

@@ -18,10 +18,16 @@ Started from the behaviour policy (`start="base"`), which picks its tool at a
 coin flip whatever it reads, 240 to 730 steps moved the right tool's probability
 by at most 5 points for any prompt, taught lines included: with nothing pulling
 it to read the prompt, it never did. Started from the default instructed policy
-(`start="instructed"`), which does read it, one gentle pass keeps the content and
-drops the length (benchmarks/RESULTS.md, the probe's table):
+(`start="instructed"`), which does read it, passes at a gentle learning rate keep
+the content and drop the length (benchmarks/RESULTS.md, the probe's table):
 
     python examples/agent_world/prompt_probe.py --episodes 100
+
+One pass did it on the machines the recipe was first tuned on and not on
+others: whether a tiny model has learned to read a line when training stops
+depends on its floating-point numerics. Eight passes (and four of instruction
+tuning) read the stand-in's wording for every seed checked, the placebo within a
+few points (`python examples/agent_world/recipe_check.py --seeds 0,1,2`).
 
 What a proposer writes is never among the taught lines verbatim (`taught()`).
 """
@@ -189,8 +195,10 @@ class CounterfactualSpec:
 
 
 #: The recipe that reads what a prompt says (benchmarks/RESULTS.md): the default
-#: instructed policy, then one pass over counterfactual twins, most prompts with
-#: lines instructing, at a learning rate low enough to keep what it had learned.
+#: instructed policy, then eight passes over counterfactual twins, most prompts with
+#: lines instructing, at a learning rate low enough to keep what it had learned (one
+#: pass read prompts only where it was tuned; three or five left a placebo line
+#: lifting the right tool 8-11 points for some seeds: recipe_check.py).
 PROMPT_SENSITIVE = CounterfactualSpec(start="instructed", instructed=0.85, both=0.5, p_right_instructed=0.95,
                                       epochs=8, learning_rate=5e-4)
 
@@ -262,7 +270,7 @@ def build(out: Path, spec: CounterfactualSpec | None = None, progress: bool = Tr
     work = Path(tempfile.mkdtemp(prefix="agent-world-counterfactual-"))
     try:
         result = policy._train(work, 0, rows(spec), base, spec.epochs, spec.learning_rate, spec.base.batch_size,
-                               spec.seed, progress)
+                               spec.seed, progress, policy.READING_THREADS)
         return policy._install(result, out, spec)
     finally:
         shutil.rmtree(work, ignore_errors=True)
