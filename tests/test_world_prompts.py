@@ -153,6 +153,25 @@ def test_every_stage_a_policy_is_built_from_is_in_its_cache_key():
     assert dataclasses.replace(letters, start=other_instruct).key() != letters.key()
 
 
+def test_the_recipe_check_measures_the_chain_the_tests_build():
+    """recipe_check.py's seed 0 without overrides is the very chain the tests and the
+    demo build (the same cache keys), and every other seed is another build at every
+    stage, the behaviour policy's included."""
+    import complement
+    import counterfactual
+    import policy
+    import recipe_check
+
+    base, ispec, cspec, lspec = recipe_check.specs(0, {}, {}, {}, None)
+    assert base.key() == policy.PolicySpec().key()
+    assert ispec.key() == counterfactual.PROMPT_SENSITIVE.instructed_spec().key()
+    assert cspec.key() == counterfactual.PROMPT_SENSITIVE.key()
+    assert lspec.key() == complement.LETTERS_POLICY.key()
+    other = recipe_check.specs(1, {}, {}, {}, None)
+    assert all(a.key() != b.key() for a, b in zip((base, ispec, cspec, lspec), other))
+    assert recipe_check.specs(1, {}, {}, {}, 0)[0].key() == base.key()  # --base-seed shares one behaviour policy
+
+
 def test_the_probe_reads_the_first_tool_choice(world_policy):
     """evaluate.right_tool_probability, what the recipes were compared with: a
     probability per kind, the agent's own prompt when given None, and the world's
