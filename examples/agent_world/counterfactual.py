@@ -26,8 +26,9 @@ the content and drop the length (benchmarks/RESULTS.md, the probe's table):
 One pass did it on the machines the recipe was first tuned on and not on
 others: whether a tiny model has learned to read a line when training stops
 depends on its floating-point numerics. Eight passes (and four of instruction
-tuning) read the stand-in's wording for every seed checked, the placebo within a
-few points (`python examples/agent_world/recipe_check.py --seeds 0,1,2`).
+tuning) read the stand-in's wording for every seed checked (+0.33 to +0.48); the
+placebo stayed within +0.07 for three seeds of four, not for the fourth (+0.19)
+(`python examples/agent_world/recipe_check.py --seeds 0,1,2,3`).
 
 What a proposer writes is never among the taught lines verbatim (`taught()`).
 """
