@@ -104,8 +104,9 @@ class LettersSpec:
     # how many times letters is in the pool an instruction's kind is drawn from (the old
     # kinds once each). With 2 epochs at 7.5e-4 the stage overwrote the old kinds'
     # reading (a colour line lifted colour 0.02-0.13, not > 0.2); at 5e-4 over 3 epochs
-    # 2 keeps it (0.34-0.41) and reads the held-out letters line (0.91-1.00), where 1
-    # read it at 0.81 for seed 0 (recipe_check.py; benchmarks/RESULTS.md)
+    # 2 keeps it for three seeds of four (0.34-0.41; the fourth -0.57) and reads the
+    # held-out letters line (0.91-1.00), where 1 read it at 0.81 for seed 0
+    # (recipe_check.py; benchmarks/RESULTS.md)
     letters_weight: int = 2
 
     def key(self) -> str:
