@@ -7,6 +7,7 @@ closed loop and their cached policy see the two-tool world unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -123,6 +124,35 @@ def letters_policy() -> Path:
 def _said(*problems: str) -> str:
     """The agent's prompt as the stand-in proposer edits it for these problems."""
     return "\n".join([world.SYSTEM, *map(proposer_standin._instruction, problems)])
+
+
+def test_the_stages_under_the_letters_policy_are_built_in_the_two_tool_world(tmp_path, monkeypatch, letters):
+    """The instructed and counterfactual stages are the two-tool world's policies,
+    cached under keys that name no variant: the letters stage builds them in that
+    world even when the process is in the letters variant, and is back in the variant
+    after. Before, they were built in the letters world when this module built the
+    chain first (its demonstrations then held letters questions and a third tool), and
+    test_world_prompts got that policy from the cache."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def start(out, spec, progress=True):
+        seen.append((world.VARIANT, [t["function"]["name"] for t in world.TOOLS]))
+        world.demonstrations(1, seed=0)  # what the stage would be taught
+        raise Stop
+
+    monkeypatch.setattr(counterfactual, "build", start)
+    with pytest.raises(Stop):
+        complement.build(tmp_path / "letters", complement.LETTERS_POLICY, progress=False)
+    assert seen == [("", ["calculator", "lookup"])]
+    world.use("letters")  # the fixture's state; a built policy returns in the variant:
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "policy-spec.json").write_text(json.dumps({"key": complement.LETTERS_POLICY.key()}))
+    world.use("")
+    complement.build(tmp_path / "done", complement.LETTERS_POLICY, progress=False)
+    assert world.VARIANT == "letters"
 
 
 def test_only_a_prompt_that_says_so_sends_letters_questions_to_the_counter(letters_policy, letters):
