@@ -205,13 +205,12 @@ def build_instructed(out: Path, spec: InstructSpec | None = None, progress: bool
 
 #: Intra-op threads the prompt-reading stages train with (instructed, counterfactual,
 #: letters). Whether a tiny model has learned to read a line when a stage ends
-#: depends on its floating-point numerics, and a reduction split over two threads
-#: sums in another order than over one: the same recipe built on the same machine
-#: read the stand-in's letters line at 0.81 with one thread and at 0.10 with two
-#: (benchmarks/RESULTS.md). One thread everywhere
-#: makes the build the same whatever the core count, and the same as
-#: recipe_check.py measured (other CPU kernels still differ: the recipe is checked
-#: across seeds for that); it costs about 1.7x the stages' wall time.
+#: depends on its floating-point numerics (the same recipe read prompts for one
+#: seed and not another: benchmarks/RESULTS.md), and a reduction split over two
+#: threads sums in another order than over one. One thread everywhere makes the
+#: build the same whatever the core count, and the same as recipe_check.py measured
+#: (other CPU kernels still differ: the recipe is checked across seeds for that); it
+#: costs about 1.7x the stages' wall time.
 #: The behaviour policy keeps the process's threads: its tests were tuned on it.
 READING_THREADS = 1
 
