@@ -69,21 +69,15 @@ class InstructSpec:
     p_right_instructed: float = 0.95
     both: float = 1 / 3  # share of instructed prompts speaking of both kinds (0 did not help: 56 % vs 61 % placebo)
     # one pass left the tool choice deaf to the prompt; two read it on the machines the
-    # recipe was tuned on but not on an AVX-512 EPYC (colour 0.58 -> 0.57 under a colour
-    # instruction), nor for seed 0 with one thread; four read it for every seed checked
-    # (recipe_check.py; benchmarks/RESULTS.md)
+    # recipe was tuned on but not for seed 0 on an AVX-512 EPYC with one thread (a colour
+    # line moved colour -0.01); four read it for every seed checked (+0.27 to +0.36;
+    # recipe_check.py, benchmarks/RESULTS.md)
     epochs: float = 4  # an int, as recipe_check.py keys its overrides (a JSON 4, not 4.0)
     learning_rate: float = 7.5e-4
     seed: int = 0
-    # share of demonstrations whose read-back call is taught beside the decision (the
-    # behaviour policy reads results already; the decision is what this stage teaches)
-    read: float = 1.0
 
     def key(self) -> str:
-        fields = asdict(self)
-        if self.read == 1.0:  # as the specs were keyed before `read` was
-            del fields["read"]
-        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def instructed_demonstration(rng: random.Random, spec: InstructSpec) -> list[dict]:
@@ -111,13 +105,10 @@ def _rows(spec: PolicySpec | InstructSpec) -> list[dict]:
     for i in range(spec.demos):
         chat = (instructed_demonstration(rng, spec) if isinstance(spec, InstructSpec)
                 else world.demonstration(world.make_task(rng), rng, spec.p_right_tool))
-        cuts = (2, 4)
-        if isinstance(spec, InstructSpec) and spec.read < 1.0 and rng.random() >= spec.read:
-            cuts = (2,)
-        for step, cut in enumerate(cuts):
+        for step, cut in enumerate((2, 4)):
             tid = f"{i:016x}{step:016x}"
             rows.append({"transition_id": tid, "trace_id": f"{i:032x}", "span_id": f"{step:016x}",
-                         "trajectory_id": f"{i:032x}", "group_id": None, "step": step, "num_steps": len(cuts),
+                         "trajectory_id": f"{i:032x}", "group_id": None, "step": step, "num_steps": 2,
                          "agent_name": "demo", "service_name": "demo", "model": "demo", "provider": None,
                          "input_messages": [message(m) for m in chat[:cut]], "output_message": message(chat[cut]),
                          "tools": json.dumps(world.TOOLS), "finish_reason": None, "prompt_token_ids": None,
