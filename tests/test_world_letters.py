@@ -155,6 +155,24 @@ def test_the_stages_under_the_letters_policy_are_built_in_the_two_tool_world(tmp
     assert world.VARIANT == "letters"
 
 
+def test_the_two_tool_worlds_policies_are_not_built_in_the_variant(tmp_path, letters):
+    """Their cache keys name no variant: a build in the letters world is refused by
+    name before it trains anything, and a cached one is still served."""
+    import policy
+
+    for what, build in (("behaviour", lambda: policy.build(tmp_path / "p", policy.PolicySpec(), progress=False)),
+                        ("instructed", lambda: policy.build_instructed(tmp_path / "i", policy.InstructSpec(),
+                                                                       progress=False)),
+                        ("counterfactual", lambda: counterfactual.build(tmp_path / "c", counterfactual.PROMPT_SENSITIVE,
+                                                                        progress=False))):
+        with pytest.raises(ValueError, match=f"the {what} policy is the two-tool world's.*'letters' variant"):
+            build()
+    assert not any(tmp_path.iterdir())
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "policy-spec.json").write_text(json.dumps({"key": counterfactual.PROMPT_SENSITIVE.key()}))
+    assert counterfactual.build(tmp_path / "c", counterfactual.PROMPT_SENSITIVE, progress=False) == tmp_path / "c"
+
+
 def test_only_a_prompt_that_says_so_sends_letters_questions_to_the_counter(letters_policy, letters):
     """Teacher-forced, the first tool's probability (evaluate.right_tool_probability):
     under the agent's own prompt the policy almost never calls the counter, so its

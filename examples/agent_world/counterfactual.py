@@ -261,6 +261,7 @@ def build(out: Path, spec: CounterfactualSpec | None = None, progress: bool = Tr
     stamp = out / "policy-spec.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == spec.key():
         return out
+    policy.two_tool_world("the counterfactual policy")
     if spec.start == "instructed":
         ispec = spec.instructed_spec()
         base = policy.build_instructed(out.parent / f"instructed-{ispec.key()}", ispec, progress)

@@ -80,6 +80,16 @@ class InstructSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
+def two_tool_world(what: str) -> None:
+    """Refuse to build one of the two-tool world's policies in a variant: their cache
+    keys name no variant, so a policy taught the variant's questions and tools would
+    be served to every later user of the two-tool world (complement.build did that
+    until it switched back first)."""
+    if world.VARIANT:
+        raise ValueError(f"{what} is the two-tool world's policy, and this process is in the world's "
+                         f"{world.VARIANT!r} variant: build it after world.use('')")
+
+
 def instructed_demonstration(rng: random.Random, spec: InstructSpec) -> list[dict]:
     """A fresh task acted out under a system prompt drawn for it: the right tool more
     often where the prompt says which tool that kind of question needs."""
@@ -149,6 +159,7 @@ def build(out: Path, spec: PolicySpec | None = None, progress: bool = True) -> P
     stamp = out / "policy-spec.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == spec.key():
         return out
+    two_tool_world("the behaviour policy")
     work = Path(tempfile.mkdtemp(prefix="agent-world-policy-"))
     try:
         tok = build_tokenizer(spec.vocab, corpus=_rendered(spec))
@@ -184,6 +195,7 @@ def build_instructed(out: Path, spec: InstructSpec | None = None, progress: bool
     stamp = out / "policy-spec.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == spec.key():
         return out
+    two_tool_world("the instructed policy")
     base = build(out.parent / f"policy-{spec.base.key()}", spec.base, progress)
     work = Path(tempfile.mkdtemp(prefix="agent-world-instructed-"))
     try:
