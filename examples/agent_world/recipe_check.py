@@ -38,13 +38,12 @@ import policy  # noqa: E402
 import world  # noqa: E402
 
 
-def frame(problem: str) -> str:
-    """The stand-in proposer's frame (tests/support/proposer_standin.py)."""
-    return f"Earlier conversations went wrong with: {problem}. Make sure this does not happen."
-
-
 def said(*problems: str) -> str:
-    return "\n".join([world.SYSTEM, *map(frame, problems)])
+    """The agent's prompt as the stand-in proposer edits it for these problems (the
+    tests' wording, from the stand-in itself)."""
+    from support.proposer_standin import _instruction
+
+    return "\n".join([world.SYSTEM, *map(_instruction, problems)])
 
 
 COLOUR_ERR = "tool error: calculator: error: cannot calculate a colour"
