@@ -91,3 +91,72 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"hint: {hint.what} ({hint.why})")
         print(f"  fix: {hint.fix}")
     return 0
+
+
+PRUNE_DESCRIPTION = """Keep the lake to its retention: every date partition older than --days before
+today (UTC) goes from spans/, logs/, feedback/ and transitions/ at once, with
+every span and log record of the traces that started in those dates (the few
+files of later dates holding them are rewritten without them), so a trajectory
+is kept whole or pruned whole and the next build makes no rootless remnant of it.
+
+The next build, incremental or full, makes the same rows from what is left (the
+dates that read a removed or rewritten file are redone; the kept dates'
+advantages are pooled without the pruned ones). `nightshift nightly` prunes
+before it builds whenever retention.days is set. A local lake is pruned under
+the build's lock; a crash anywhere leaves a lake the next prune finishes.
+--dry-run says what would go and changes nothing."""
+
+PRUNE_EPILOG = """YAML (the window is `retention:`; where the lake is, `data:` and `transform:`'s storage_options):
+
+  data: s3://team-lake/nightshift
+  retention:
+    days: 7        # today and the 7 days before it are kept
+
+  NIGHTSHIFT_RETENTION_DAYS=7 nightshift nightly     # the scheduled job prunes, then builds
+  nightshift prune --days 7 --dry-run                # what would go, by dataset and date"""
+
+
+def add_prune(sub, common) -> None:
+    from nightshift.settings import add_flags
+    from nightshift.transform.config import TransformConfig
+    from nightshift.transform.retention import RetentionConfig
+
+    p = sub.add_parser("prune", help="delete the lake's dates older than its retention (retention.days), "
+                                     "whole trajectories at a time",
+                       description=PRUNE_DESCRIPTION,
+                       epilog=epilog(PRUNE_EPILOG, "top-level `data:`, `retention:` and `transform:`'s "
+                                     "storage_options", "NIGHTSHIFT_DATA, NIGHTSHIFT_RETENTION_DAYS, "
+                                     "NIGHTSHIFT_TRANSFORM_STORAGE_OPTIONS",
+                                     "0 pruned (or nothing older), 1 a build holds the lake or a file could not be "
+                                     "removed, 2 bad settings, retention.days 0 (nothing to prune by) or a partition "
+                                     "whose name is no date"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(p, TransformConfig, "transform", ("data", "storage_options"))
+    add_flags(p, RetentionConfig, section="retention")
+    p.add_argument("--dry-run", dest="dry_run", action="store_true", help="say what would go; change nothing")
+    p.set_defaults(func=cmd_prune)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from .console import say, setup_logging
+    from nightshift.transform.config import TransformConfig
+    from nightshift.transform.retention import RetentionConfig, RetentionError, prune
+
+    cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
+    keep = load(RetentionConfig, "retention", args.config, flags_of(RetentionConfig, args))
+    setup_logging(args.log_level or "warning", args.log_format)
+    if keep.days <= 0:
+        say("nightshift prune: retention.days is 0, which keeps everything: give --days N (or retention.days, "
+            "NIGHTSHIFT_RETENTION_DAYS) to keep today and the N days before it", args.log_format)
+        return 2
+    try:
+        result = prune(cfg.data, keep.days, storage_options=cfg.storage_options, dry_run=args.dry_run)
+    except RetentionError as e:
+        say(f"nightshift prune: {e}", args.log_format)
+        return 2 if "not a date" in str(e) else 1
+    except OSError as e:
+        say(f"nightshift prune: {e}; run it again to finish (what went is gone, the rest is as it was)",
+            args.log_format)
+        return 1
+    print("\n".join(result.lines()))
+    return 0

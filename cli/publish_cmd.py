@@ -152,8 +152,9 @@ def add_publish(sub, common) -> None:
 
     n = sub.add_parser("nightly", help="build, train, gate and publish: the scheduled job",
                        description=NIGHTLY_DESC, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=epilog(NIGHTLY_EPILOG, "top-level `data:`, the `transform:`, `train:`, `publish:` and "
-                                     "`nightly:` sections", "NIGHTSHIFT_DATA, NIGHTSHIFT_TRANSFORM_*, NIGHTSHIFT_TRAIN_*, "
+                       epilog=epilog(NIGHTLY_EPILOG, "top-level `data:`, the `retention:`, `transform:`, `train:`, "
+                                     "`publish:` and `nightly:` sections", "NIGHTSHIFT_DATA, NIGHTSHIFT_RETENTION_DAYS, "
+                                     "NIGHTSHIFT_TRANSFORM_*, NIGHTSHIFT_TRAIN_*, "
                                      "NIGHTSHIFT_PUBLISH_*, NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_GATE_COMMAND, ...)",
                                      NIGHTLY_EXITS))
     common(n)
@@ -298,7 +299,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
-NIGHTLY_DESC = """The scheduled job: build the new transitions (from the last run's date), watch
+NIGHTLY_DESC = """The scheduled job: prune the lake to its retention (retention.days, when set),
+build the new transitions (from the last run's date), watch
 what production says of the versions it served (roll back a worse one; stop or
 promote a canary), train a new version (continuing the serving adapter), compare
 it with the serving one on held-out transitions (and your evaluation command),
@@ -331,6 +333,7 @@ NIGHTLY_EXITS = ("0 done (published, held back by the gate, a canary the routing
 NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, train, publish, nightly):
 
   data: /var/lib/nightshift/data
+  retention: {days: 7}             # today and 7 days before it kept (`nightshift prune --help`)
   transform: {settle: 10m, credit: {strategy: identical}}
   train:
     base_model: /models/Qwen2.5-1.5B-Instruct
@@ -369,11 +372,15 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from nightshift.prompts.config import ApoConfig
 
     apo = load(ApoConfig, "apo", args.config, flags)  # the proposer, for the agents on prompt optimization
+    from nightshift.transform.retention import RetentionConfig
+
+    keep = load(RetentionConfig, "retention", args.config)  # the lake pruned to it before the build
     from .console import adopt_libraries
 
     adopt_libraries(args.log_format)  # the trainer and the gate load transformers
     try:
-        code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty(), apo_cfg=apo)
+        code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty(), apo_cfg=apo,
+                          retention_cfg=keep)
     except ValueError as e:
         say(f"nightshift nightly: {e}", args.log_format)
         return EXIT_CONFIG

@@ -231,10 +231,12 @@ def _version_tagged(checkpoints: str, tag: str) -> str | None:
 
 
 def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetime | None = None,
-        progress: bool = False, apo_cfg=None) -> tuple[int, dict]:
+        progress: bool = False, apo_cfg=None, retention_cfg=None) -> tuple[int, dict]:
     """One nightly run (or the rest of an interrupted one). Returns (exit code, state).
     `apo_cfg`: the `apo:` settings (`prompts.config.ApoConfig`) for the agents on
-    prompt optimization; its defaults, on the transform's data, when not given."""
+    prompt optimization; its defaults, on the transform's data, when not given.
+    `retention_cfg`: the `retention:` settings (`transform.retention.RetentionConfig`);
+    with `days` set, the lake is pruned to them before the build."""
     checkpoints = train_cfg.output.rstrip("/")
     if not is_local(checkpoints):
         raise ValueError("nightly keeps its state and lock beside the checkpoints: train.output must be a local folder "
@@ -245,7 +247,7 @@ def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetim
     try:
         with run_lock(state_dir):
             return _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,
-                               _apo(apo_cfg, transform_cfg))
+                               _apo(apo_cfg, transform_cfg), retention_cfg)
     except Locked as e:
         log.warning("%s: not running", e)
         return EXIT_LOCKED, {"outcome": str(e)}
@@ -338,8 +340,29 @@ def _prompt_fallback(n: NightlyConfig, apo_cfg, checkpoints: str, state: dict) -
     state["prompts"] = [*state.get("prompts", []), *said]
 
 
+def _prune(transform_cfg, retention_cfg, n: NightlyConfig, now: dt.datetime) -> list[str]:
+    """The lake pruned to its retention before the build (transform/retention.py), in
+    the report's words. One that cannot run tonight (a build by hand holds the lake, a
+    partition named with no date) is said and retried the next night: it never stops
+    the build. A crash part way is finished by the next run (each step is repeatable)."""
+    from nightshift.transform.retention import RetentionError, prune
+
+    days = retention_cfg.days if retention_cfg is not None else 0
+    if days <= 0:
+        return []
+    try:
+        lines = prune(transform_cfg.data, days, now=now, storage_options=transform_cfg.storage_options).lines()
+    except RetentionError as e:
+        log.warning("retention: %s", e)
+        return [f"retention: not pruned tonight: {e}"]
+    if n.train_window_days > days:
+        lines.append(f"  nightly.train_window_days {n.train_window_days} reaches past the {days} day(s) kept: training "
+                     f"sees {days} day(s) besides today")
+    return lines
+
+
 def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,
-                apo_cfg) -> tuple[int, dict]:
+                apo_cfg, retention_cfg=None) -> tuple[int, dict]:
     from nightshift.transform.build import BuildError, build
 
     from nightshift.judge.gate import gate
@@ -363,19 +386,20 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
     _save(state_dir, state)
     try:
         if state["stage"] == "build":
+            pruned = _prune(transform_cfg, retention_cfg, n, now)
             tcfg = copy.deepcopy(transform_cfg)
             # only the dates with new or late spans or feedback, however late; `since`
             # still bounds what is trained on
             tcfg.since, tcfg.until, tcfg.incremental = "", "", True
             try:
                 summary = build(tcfg, progress=progress)
-                state["build"] = summary.lines()
+                state["build"] = [*pruned, *summary.lines()]
                 next_stage = "train"
                 if not summary.partitions and not state["resumed"]:  # a resumed run's build was done before
                     state["outcome"] = "nothing to build: no new spans or feedback since the last build"
                     next_stage = "report"
             except BuildError as e:
-                state["build"] = [str(e)]
+                state["build"] = [*pruned, str(e)]
                 state["outcome"] = f"nothing to build: {e}"
                 next_stage = "report"
             if n.watch.enabled and n.publish:
