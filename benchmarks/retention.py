@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""Retention benchmark: what `nightshift prune` costs on a lake like the build
+benchmark's, the oldest date pruned, with traces that crossed its midnight.
+
+    python benchmarks/transform.py --spans 1000000 --data /tmp/bench-1m --generate-only   # once
+    python benchmarks/retention.py --data /tmp/bench-1m [--crossing 200]
+
+The lake is copied by hard links (nothing of it is changed). Setup, not timed:
+--crossing traces of the oldest date get a copy of their spans appended to the
+largest file of the next date (--crossing-dates: of more), the way a collector's
+file written just after midnight holds the ends of traces that started before it;
+the prune must rewrite each such file whole. Then, each a process (CPU and peak
+RSS by wait4): a full `nightshift build` of the lake (so transitions are pruned
+too, and for scale), one read of every span file (pyarrow, every column),
+`nightshift prune --dry-run` and `nightshift prune`. Targets: the prune's peak
+RSS within the build's memory budget (512 MiB), and its CPU under a tenth of
+the build's: keeping a week must cost the nightly job little beside building it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import harness  # noqa: E402
+from harness import Target, log  # noqa: E402
+
+T_RSS = Target("<=", 512, "512 MiB (the build's memory_budget)", "peak RSS")
+T_CPU = Target("<=", 0.1, "0.1x a full build of the same lake", "prune CPU")
+
+
+def parse_args():
+    ap = harness.parser(__doc__, temp_dir=True, keep=True)
+    ap.add_argument("--data", type=Path, required=True, help="a lake with spans in two dates or more (the build "
+                                                             "benchmark's --data)")
+    ap.add_argument("--crossing", type=int, default=200,
+                    help="traces of the oldest date that went on past its midnight (default 200)")
+    ap.add_argument("--crossing-dates", type=int, default=1,
+                    help="later dates the crossing traces reach, each in its largest file (default 1: the next day)")
+    return ap.parse_args()
+
+
+def dates(spans: Path) -> list[str]:
+    return sorted(p.name.split("=", 1)[1] for p in spans.glob("date=*") if p.is_dir())
+
+
+def link_copy(src: Path, dst: Path) -> None:
+    for name in ("spans", "logs", "feedback"):
+        if (src / name).is_dir():
+            subprocess.run(["cp", "-al", str(src / name), str(dst / name)], check=True)
+
+
+def add_crossing(lake: Path, first: str, later: list[str], n: int) -> int:
+    """Copy the spans of `n` traces of date `first` into the largest file of each later
+    date (a new file under the old name: the hard-linked original is untouched)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    old = sorted((lake / "spans" / f"date={first}").glob("*.parquet"))
+    ids = pq.read_table(old[0], columns=["trace_id"]).column("trace_id")
+    chosen = pc.unique(ids).slice(0, n)
+    rows = pq.read_table(old[0]).filter(pc.is_in(pq.read_table(old[0], columns=["trace_id"]).column("trace_id"),
+                                                 value_set=chosen))
+    for d in later:
+        big = max((lake / "spans" / f"date={d}").glob("*.parquet"), key=lambda p: p.stat().st_size)
+        pf = pq.ParquetFile(big)
+        codec = pf.metadata.row_group(0).column(0).compression.lower()
+        group = max(pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups))
+        table = pa.concat_tables([pf.read(), rows.cast(pf.schema_arrow)])
+        tmp = big.with_suffix(".setup")
+        pq.write_table(table, tmp, compression=codec, row_group_size=group)
+        os.replace(tmp, big)
+    return len(chosen)
+
+
+def measured(cmd: list[str]) -> tuple[float, float, float, str]:
+    """wait4's own figures for one child: CPU (user + sys) and peak RSS. Started by
+    Popen (vfork: a fork would count this process's pages, the setup's tables, as
+    the child's until it execs) and reaped here, not by Popen."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.stdout.read(), p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}: {err.decode().strip()[-2000:]}")
+    return time.perf_counter() - t, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, out.decode()
+
+
+READ = """
+import sys, pyarrow.parquet as pq
+from pathlib import Path
+n = 0
+for f in sorted(Path(sys.argv[1]).rglob("*.parquet")):
+    n += pq.read_table(f).num_rows
+print(n)
+"""
+
+
+def main() -> int:
+    args = parse_args()
+    head = harness.header("nightshift retention benchmark (nightshift prune)", args)
+    spans = args.data / "spans"
+    ds = dates(spans)
+    if len(ds) < 2:
+        raise SystemExit(f"{spans}: needs two dates or more, found {ds}")
+    today = dt.datetime.now(dt.timezone.utc).date()
+    days = (today - dt.date.fromisoformat(ds[1])).days  # the oldest date goes, the rest stays
+    rep = harness.Report()
+    rep.extend(head)
+    with harness.temp_dir("nightshift-bench-retention-", args.dir, args.keep) as root:
+        lake = root / "lake"
+        lake.mkdir()
+        link_copy(args.data, lake)
+        log(f"setup: {args.crossing} trace(s) of {ds[0]} copied into the largest file of {len(ds) - 1} later date(s)")
+        # in a process of its own: what it loads would otherwise count in every later child's peak RSS
+        # (exec keeps the high-water mark of the memory a child started with, this process's)
+        reach = ds[1:1 + args.crossing_dates]
+        crossing = int(subprocess.run([sys.executable, __file__, "_setup", str(lake), str(args.crossing), ds[0], *reach],
+                                      check=True, capture_output=True, text=True).stdout)
+        log("nightshift build (full), so that transitions are pruned too and for scale")
+        b_wall, b_cpu, b_rss, _ = measured([sys.executable, "-m", "nightshift.cli", "build", "--data", str(lake),
+                                            "--quiet"])
+        kept_bytes = sum(p.stat().st_size for d in ds[1:] for p in (spans / f"date={d}").glob("*.parquet"))
+        log("one read of the lake's spans")
+        r_wall, r_cpu, r_rss, r_out = measured([sys.executable, "-c", READ, str(lake / "spans")])
+        prune = [sys.executable, "-m", "nightshift.cli", "prune", "--data", str(lake), "--days", str(days)]
+        log("nightshift prune --dry-run")
+        d_wall, d_cpu, d_rss, d_out = measured(prune + ["--dry-run"])
+        log("nightshift prune")
+        p_wall, p_cpu, p_rss, p_out = measured(prune)
+        left = sorted(p.name for p in (lake / "spans").glob("date=*"))
+        left_t = sorted(p.name for p in (lake / "transitions").glob("date=*"))
+    rep.say("")
+    rep.say(f"lake: {args.data} ({len(ds)} dates, {r_out.strip()} spans with the crossing copies); "
+            f"--days {days}: {ds[0]} goes; {crossing} trace(s) crossed its midnight into {len(reach)} later date(s)")
+    rep.extend(harness.table([
+        ("nightshift build (full)", f"{b_wall:.2f}", f"{b_cpu:.2f}", f"{b_rss:.0f}"),
+        ("one read of every span file (pyarrow)", f"{r_wall:.2f}", f"{r_cpu:.2f}", f"{r_rss:.0f}"),
+        ("nightshift prune --dry-run", f"{d_wall:.2f}", f"{d_cpu:.2f}", f"{d_rss:.0f}"),
+        ("nightshift prune", f"{p_wall:.2f}", f"{p_cpu:.2f}", f"{p_rss:.0f}"),
+    ], header=("", "wall s", "CPU s", "peak RSS MiB")))
+    rep.say("what the prune printed:")
+    rep.extend(p_out.strip().splitlines(), "  ")
+    rep.say(f"dates left: spans/ {', '.join(left)}; transitions/ {', '.join(left_t)}; the kept dates' span files were "
+            f"{kept_bytes / 2**20:.0f} MiB")
+    rep.say(f"{T_RSS.check(p_rss)} ({p_rss:.0f} MiB)")
+    rep.say(f"{T_CPU.check(p_cpu / b_cpu)} ({p_cpu / b_cpu:.3f}x: {p_cpu:.2f} against {b_cpu:.2f} CPU-s)")
+    rep.print()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["_setup"]:
+        lake, n, first, *later = sys.argv[2:]
+        print(add_crossing(Path(lake), first, later, int(n)))
+        sys.exit(0)
+    sys.exit(main())
