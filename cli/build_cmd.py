@@ -160,3 +160,67 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return 1
     print("\n".join(result.lines()))
     return 0
+
+
+COMPACT_DESCRIPTION = """Merge the small files of past dates (UTC) in spans/, logs/ and feedback/: a
+collector seals a file every flush_interval (10 s) whatever its size, so a quiet
+sidecar writes thousands a day, and a build then spends its time opening them.
+Each run of small files (one schema, in name order) becomes one file of about
+--target-bytes, its rows in the same order; a file half that size or more stays.
+
+A journal beside each merge makes it safe to stop anywhere: the next compaction
+finishes it, and meanwhile every reader takes a row seen twice once. The next
+build makes the same rows (the dates merged are redone by an incremental build).
+`nightshift nightly` compacts before it builds unless compaction.enabled is
+false. --dry-run says what would be merged and changes nothing."""
+
+COMPACT_EPILOG = """YAML:
+
+  compaction:
+    enabled: true        # the nightly job compacts before it builds
+    target_bytes: 64MiB
+
+  nightshift compact --dry-run        # what would be merged, by dataset"""
+
+
+def add_compact(sub, common) -> None:
+    from nightshift.settings import add_flags
+    from nightshift.transform.compaction import CompactionConfig
+    from nightshift.transform.config import TransformConfig
+
+    p = sub.add_parser("compact", help="merge the small files of past dates in the lake (what the nightly job does "
+                                       "before it builds)",
+                       description=COMPACT_DESCRIPTION,
+                       epilog=epilog(COMPACT_EPILOG, "top-level `data:`, `compaction:` and `transform:`'s "
+                                     "storage_options", "NIGHTSHIFT_DATA, NIGHTSHIFT_COMPACTION_TARGET_BYTES, "
+                                     "NIGHTSHIFT_TRANSFORM_STORAGE_OPTIONS",
+                                     "0 merged (or nothing to merge), 1 a build holds the lake or a file could not be "
+                                     "read or written (run it again: what was merged stays merged), 2 bad settings"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    common(p, TransformConfig, "transform", ("data", "storage_options"))
+    add_flags(p, CompactionConfig, section="compaction", only=("target_bytes",))
+    p.add_argument("--dry-run", dest="dry_run", action="store_true", help="say what would be merged; change nothing")
+    p.set_defaults(func=cmd_compact)
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from .console import say, setup_logging
+    from nightshift.transform.compaction import CompactionConfig, compact
+    from nightshift.transform.config import TransformConfig
+    from nightshift.transform.output import Busy
+
+    cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
+    how = load(CompactionConfig, "compaction", args.config, flags_of(CompactionConfig, args))
+    setup_logging(args.log_level or "warning", args.log_format)
+    try:
+        result = compact(cfg.data, target_bytes=how.target_bytes, storage_options=cfg.storage_options,
+                         dry_run=args.dry_run)
+    except Busy as e:
+        say(f"nightshift compact: {e}; compact after it", args.log_format)
+        return 1
+    except (OSError, ValueError) as e:
+        say(f"nightshift compact: {e}; run it again to finish (a merge stopped part way is finished by the next "
+            "run; every row is readable meanwhile)", args.log_format)
+        return 1
+    print("\n".join(result.lines()))
+    return 0

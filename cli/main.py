@@ -39,8 +39,8 @@ COLLECTOR_SETTINGS = ("the `collector:` section and top-level `data:`", "NIGHTSH
 #: ...)` in the commands). A key not here is a typo, refused before any command
 #: runs, never silently ignored with everything under it. The publish settings are
 #: the nightly job's (`nightly:`), so `publish:` is not one.
-SECTIONS = ("data", "log_format", "collector", "transform", "retention", "train", "publish", "nightly", "serve", "route",
-            "apo")
+SECTIONS = ("data", "log_format", "collector", "transform", "retention", "compaction", "train", "publish", "nightly",
+            "serve", "route", "apo")
 
 
 #: The distribution's name on the package index (`nightshift` there is another project).
@@ -254,10 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rows", type=int, default=20, help="rows to print (default 20)")
     s.set_defaults(func=cmd_show)
 
-    from .build_cmd import add_build, add_prune
+    from .build_cmd import add_build, add_compact, add_prune
 
     add_build(sub, common)
     add_prune(sub, common)
+    add_compact(sub, common)
     from .doctor_cmd import add_doctor
 
     add_doctor(sub, common)

@@ -152,8 +152,9 @@ def add_publish(sub, common) -> None:
 
     n = sub.add_parser("nightly", help="build, train, gate and publish: the scheduled job",
                        description=NIGHTLY_DESC, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=epilog(NIGHTLY_EPILOG, "top-level `data:`, the `retention:`, `transform:`, `train:`, "
-                                     "`publish:` and `nightly:` sections", "NIGHTSHIFT_DATA, NIGHTSHIFT_RETENTION_DAYS, "
+                       epilog=epilog(NIGHTLY_EPILOG, "top-level `data:`, the `retention:`, `compaction:`, `transform:`, "
+                                     "`train:`, `publish:` and `nightly:` sections", "NIGHTSHIFT_DATA, "
+                                     "NIGHTSHIFT_RETENTION_DAYS, NIGHTSHIFT_COMPACTION_*, "
                                      "NIGHTSHIFT_TRANSFORM_*, NIGHTSHIFT_TRAIN_*, "
                                      "NIGHTSHIFT_PUBLISH_*, NIGHTSHIFT_NIGHTLY_* (NIGHTSHIFT_NIGHTLY_GATE_COMMAND, ...)",
                                      NIGHTLY_EXITS))
@@ -300,7 +301,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 NIGHTLY_DESC = """The scheduled job: prune the lake to its retention (retention.days, when set),
-build the new transitions (from the last run's date), watch
+merge the small files of past dates (compaction), build the new transitions (from the last run's date), watch
 what production says of the versions it served (roll back a worse one; stop or
 promote a canary), train a new version (continuing the serving adapter), compare
 it with the serving one on held-out transitions (and your evaluation command),
@@ -334,6 +335,7 @@ NIGHTLY_EPILOG = """One YAML file for every stage (sections data, transform, tra
 
   data: /var/lib/nightshift/data
   retention: {days: 7}             # today and 7 days before it kept (`nightshift prune --help`)
+  compaction: {target_bytes: 64MiB}   # small files of past dates merged (`nightshift compact --help`)
   transform: {settle: 10m, credit: {strategy: identical}}
   train:
     base_model: /models/Qwen2.5-1.5B-Instruct
@@ -375,12 +377,15 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from nightshift.transform.retention import RetentionConfig
 
     keep = load(RetentionConfig, "retention", args.config)  # the lake pruned to it before the build
+    from nightshift.transform.compaction import CompactionConfig
+
+    merge = load(CompactionConfig, "compaction", args.config)  # and its small files merged
     from .console import adopt_libraries
 
     adopt_libraries(args.log_format)  # the trainer and the gate load transformers
     try:
         code, state = run(tcfg, trcfg, ncfg, progress=not args.quiet and sys.stderr.isatty(), apo_cfg=apo,
-                          retention_cfg=keep)
+                          retention_cfg=keep, compaction_cfg=merge)
     except ValueError as e:
         say(f"nightshift nightly: {e}", args.log_format)
         return EXIT_CONFIG

@@ -451,7 +451,7 @@ class DatasetStore:
                     t = pq.read_table(p, columns=key)
                 else:
                     with self.files.open(p, "rb") as f:
-                        t = pq.read_table(f, columns=key)
+                        t = pq.ParquetFile(f).read(columns=key)
             except (pa.ArrowException, OSError) as e:
                 # A torn or foreign file (a user's partial copy) must not stop every
                 # flush into its date, which would fill the WAL and turn agents away:

@@ -203,7 +203,7 @@ def _stored(store: DatasetStore) -> tuple[set[str], set[str]]:
     for p in store.fs.glob(f"{layout.partition_folder(store.root, feedback_schema.NAME, '*')}/*{layout.SUFFIX}"):
         names.add(os.path.basename(p))
         with store.fs.open(p, "rb") as f:
-            ids.update(pq.read_table(f, columns=["feedback_id"]).column(0).to_pylist())
+            ids.update(pq.ParquetFile(f).read(columns=["feedback_id"]).column(0).to_pylist())
     return ids, names
 
 

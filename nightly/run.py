@@ -231,12 +231,14 @@ def _version_tagged(checkpoints: str, tag: str) -> str | None:
 
 
 def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetime | None = None,
-        progress: bool = False, apo_cfg=None, retention_cfg=None) -> tuple[int, dict]:
+        progress: bool = False, apo_cfg=None, retention_cfg=None, compaction_cfg=None) -> tuple[int, dict]:
     """One nightly run (or the rest of an interrupted one). Returns (exit code, state).
     `apo_cfg`: the `apo:` settings (`prompts.config.ApoConfig`) for the agents on
     prompt optimization; its defaults, on the transform's data, when not given.
     `retention_cfg`: the `retention:` settings (`transform.retention.RetentionConfig`);
-    with `days` set, the lake is pruned to them before the build."""
+    with `days` set, the lake is pruned to them before the build. `compaction_cfg`:
+    the `compaction:` settings (`transform.compaction.CompactionConfig`, its defaults
+    when not given: the small files of past dates merged before the build)."""
     checkpoints = train_cfg.output.rstrip("/")
     if not is_local(checkpoints):
         raise ValueError("nightly keeps its state and lock beside the checkpoints: train.output must be a local folder "
@@ -247,7 +249,7 @@ def run(transform_cfg, train_cfg: TrainConfig, n: NightlyConfig, now: dt.datetim
     try:
         with run_lock(state_dir):
             return _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,
-                               _apo(apo_cfg, transform_cfg), retention_cfg)
+                               _apo(apo_cfg, transform_cfg), retention_cfg, compaction_cfg)
     except Locked as e:
         log.warning("%s: not running", e)
         return EXIT_LOCKED, {"outcome": str(e)}
@@ -361,8 +363,27 @@ def _prune(transform_cfg, retention_cfg, n: NightlyConfig, now: dt.datetime) -> 
     return lines
 
 
+def _compact(transform_cfg, compaction_cfg, now: dt.datetime) -> list[str]:
+    """The small files of past dates merged before the build (transform/compaction.py).
+    A failure is said and left to the next night: the build reads the files as they
+    are (a merge a crash stopped leaves every row readable, and the next run finishes it)."""
+    from nightshift.transform.compaction import CompactionConfig, compact
+    from nightshift.transform.output import Busy
+
+    how = compaction_cfg if compaction_cfg is not None else CompactionConfig()
+    if not how.enabled:
+        return []
+    try:
+        result = compact(transform_cfg.data, target_bytes=how.target_bytes, before=now.astimezone(dt.timezone.utc).date(),
+                         storage_options=transform_cfg.storage_options)
+    except (Busy, OSError, ValueError) as e:
+        log.warning("compaction: %s", e)
+        return [f"compaction: not done tonight: {e}"]
+    return result.lines() if any(result.dates.values()) or result.finished else []
+
+
 def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, now, progress,
-                apo_cfg, retention_cfg=None) -> tuple[int, dict]:
+                apo_cfg, retention_cfg=None, compaction_cfg=None) -> tuple[int, dict]:
     from nightshift.transform.build import BuildError, build
 
     from nightshift.judge.gate import gate
@@ -386,7 +407,7 @@ def _run_locked(transform_cfg, train_cfg, n, checkpoints, state_dir, reports, no
     _save(state_dir, state)
     try:
         if state["stage"] == "build":
-            pruned = _prune(transform_cfg, retention_cfg, n, now)
+            pruned = _prune(transform_cfg, retention_cfg, n, now) + _compact(transform_cfg, compaction_cfg, now)
             tcfg = copy.deepcopy(transform_cfg)
             # only the dates with new or late spans or feedback, however late; `since`
             # still bounds what is trained on

@@ -1,6 +1,7 @@
 """The lake's retention (transform/retention.py): old dates go from every dataset,
 a trace is pruned whole, and the lake it leaves builds, incrementally or in full,
-into the same rows, whatever crash stops the prune."""
+into the same rows, whatever crash stops the prune. The generated histories here
+compact the lake too (transform/compaction.py; its own tests: test_compaction.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nightshift.transform import build as B
-from nightshift.transform import output, retention
+from nightshift.transform import compaction, output, retention
 from nightshift.transform.retention import RetentionError, prune
 from test_incremental import (DAY, HOUR, MIDNIGHT, S, Crash, History, Traj, cfg_for, crash_at, full_build, same,
                               transitions)
@@ -229,9 +230,40 @@ def _prune(h: History, monkeypatch) -> None:
     h.feedback_files = [p for p in h.feedback_files if os.path.exists(p)]
 
 
+def _compact(h: History, monkeypatch) -> None:
+    """The small files merged, of the dates before today or tomorrow (UTC), now and then
+    dying at a merge's `k`-th fsync (before its rename, or after it with its inputs left)."""
+    before = when(h.clock).date() + dt.timedelta(days=h.rng.choice([0, 1]))
+    target = h.rng.choice([4_000, 20_000, 1 << 20])
+    if h.rng.random() < 0.3:
+        k = h.rng.choice([1, 2, 3, 4])
+        calls = [0]
+        real = compaction.fsync
+
+        def fsync(path):
+            calls[0] += 1
+            if calls[0] == k:
+                raise Crash(f"compaction, at fsync {k}")
+            return real(path)
+
+        monkeypatch.setattr(compaction, "fsync", fsync)
+        try:
+            compaction.compact(str(h.data), target_bytes=target, before=before)
+            h.log.append(f"compact before {before}, target {target} (finished before fsync {k})")
+        except Crash as e:
+            h.log.append(f"compact before {before}, target {target}: crashed ({e})")
+        finally:
+            monkeypatch.undo()
+    else:
+        r = compaction.compact(str(h.data), target_bytes=target, before=before)
+        h.log.append(f"compact before {before}, target {target}: {r.merged} -> {r.written}")
+    h.feedback_files = sorted(h._feedback_paths())  # merged files in place of their inputs
+
+
 def play_pruned(seed: int, root: Path, monkeypatch, rounds: int) -> None:
-    """test_incremental's histories, with prunes (of 1 or 2 days, now and then dying
-    part way) between the incremental builds, each build compared with a full one."""
+    """test_incremental's histories, with prunes (of 1 or 2 days) and compactions
+    (now and then dying part way) between the incremental builds, each build compared
+    with a full one."""
     h = History(seed, root)
     h.arrive()
     for step in range(rounds + 1):
@@ -239,8 +271,11 @@ def play_pruned(seed: int, root: Path, monkeypatch, rounds: int) -> None:
             h.event()
             if h.rng.random() < 0.3:
                 _prune(h, monkeypatch)
+            if h.rng.random() < 0.3:
+                _compact(h, monkeypatch)
         if step and h.rng.random() < 0.5:  # as the nightly job does: just before its build
             _prune(h, monkeypatch)
+            _compact(h, monkeypatch)
         h.log.append(f"incremental build at {h.clock}")
         if not list(Path(h.data, "spans").rglob("*.parquet")):
             h.log.append("  every span pruned: nothing to build from")
@@ -266,7 +301,8 @@ HISTORIES = int(os.environ.get("NIGHTSHIFT_HISTORIES", "200")) // 2
 
 
 @pytest.mark.parametrize("block", range(2))
-def test_the_lake_a_prune_leaves_builds_the_same_rows_incrementally_and_in_full(tmp_path, monkeypatch, block):
+def test_the_lake_prunes_and_compactions_leave_builds_the_same_rows_incrementally_and_in_full(tmp_path, monkeypatch,
+                                                                                             block):
     for seed in range(1000 + block, 1000 + HISTORIES, 2):
         play_pruned(seed, tmp_path / f"h{seed}", monkeypatch, rounds=4)
         shutil.rmtree(tmp_path / f"h{seed}")

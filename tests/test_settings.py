@@ -530,7 +530,7 @@ def test_an_unknown_section_is_refused_with_the_closest_known_one(tmp_path, caps
     assert rc == 2 and "unknown section 'rout' (did you mean 'route'?)" in err
     assert not (tmp_path / "data").exists()
     conf.write_text("schedule: nightly\n")
-    with pytest.raises(SettingsError, match=r"unknown section 'schedule' \(known: apo, collector, data, log_format, nightly, publish, "
+    with pytest.raises(SettingsError, match=r"unknown section 'schedule' \(known: apo, collector, compaction, data, log_format, nightly, publish, "
                                             r"retention, route, serve, "
                                             r"train, transform\)$"):
         check_sections(str(conf), SECTIONS)

@@ -92,7 +92,7 @@ def rewrite(fs, out_root: str, date: str, adv: pl.DataFrame) -> int:
 
     if not output.is_local(fs):  # the new file replaces the old in place: read the old first
         with fs.open(path, "rb") as fh:
-            whole = pq.read_table(fh)
+            whole = pq.ParquetFile(fh).read()
         return output.write_partition(fs, out_root, date, [add_advantages(whole, adv)])
 
     def tables() -> Iterator[pa.Table]:  # locally the new is written beside the old: stream it

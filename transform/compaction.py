@@ -1,0 +1,260 @@
+"""The lake's small files merged: a collector seals a segment every
+`flush_interval` (10 s) whatever its size, so a quiet sidecar writes a file per
+dataset every 10 s, 8,640 a day, and a thousand of them 8.6 million: the build
+then spends its night opening footers, and an object store bills each GET. Once a
+date is over (UTC), its small files are merged into files of about
+`compaction.target_bytes`, their rows in the same order, in row groups of a
+useful size.
+
+Each merge is safe to stop anywhere, and a reader never sees a row missing:
+1. a journal (`<partition>/.compact-<id>.json`: the output's name and its inputs)
+   is written first;
+2. the merged file is written beside its inputs (a rename locally, one upload on
+   an object store);
+3. the inputs are deleted, then the journal.
+Between 2 and 3 a reader sees every row twice, which every reader of the lake
+already takes once (the build keeps one span per trace and span id, one log
+record per record id, one feedback per feedback id: the same rule a collector's
+retry relies on). The next compaction finishes what a journal names: the inputs
+deleted when its output is there, the journal dropped when it is not.
+
+The next build, incremental or full, makes the same rows (the incremental build
+sees the inputs gone and the output new, and redoes that date). Local lakes are
+compacted under the build's lock; on an object store, run it where the build runs
+(the nightly job compacts before it builds). Only files of one schema are merged
+together (a lake written by two Nightshift versions keeps each version's files
+apart), and a date's files are merged once: what is left is big enough to stay.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nightshift.schemas import layout
+from nightshift.settings import setting, validate
+from nightshift.storage import fsync, write_atomic
+
+from . import output
+
+log = logging.getLogger("nightshift.compaction")
+
+#: The datasets collectors write a file at a time (the transitions are one file a date already).
+DATASETS = (layout.SPANS, layout.LOGS, layout.FEEDBACK)
+JOURNAL = ".compact-"
+#: Rows are written in row groups of about this many bytes (Arrow's, uncompressed): the
+#: collector's chunks are 2 MiB; a quiet sidecar's files hold a few KB.
+GROUP_BYTES = 8 << 20
+
+
+@dataclass
+class CompactionConfig:
+    """Small files of past dates merged into bigger ones."""
+
+    enabled: bool = setting(True, help="merge the small files of past dates (UTC) in spans/, logs/ and feedback/ "
+                                       "before the nightly build (`nightshift compact` by hand)")
+    target_bytes: int = setting(64 << 20, help="size a merged file grows to; a file half this size or more is "
+                                               "left as it is", bounds="[1, inf)", metavar="SIZE")
+
+    def check(self) -> None:
+        validate(self, "compaction")
+
+
+@dataclass
+class Compacted:
+    """What a compaction merged (or, dry, would merge)."""
+
+    before: str  # dates before this one were looked at
+    merged: dict[str, int] = field(default_factory=dict)  # per dataset, files merged
+    written: dict[str, int] = field(default_factory=dict)  # per dataset, files they became
+    dates: dict[str, list[str]] = field(default_factory=dict)  # per dataset, dates touched
+    bytes: int = 0  # of the files merged
+    finished: int = 0  # merges a crash had stopped, finished now
+    dry_run: bool = False
+
+    def lines(self) -> list[str]:
+        verb = "would merge" if self.dry_run else "merged"
+        head = f"compaction: the small files of dates before {self.before}"
+        body = [f"  {name}: {verb} {self.merged[name]:,} file(s) into {self.written[name]:,}, in {len(d)} date(s) "
+                f"({d[0]} .. {d[-1]})" for name in DATASETS if (d := self.dates.get(name))]
+        if self.finished:
+            body.append(f"  finished {self.finished} merge(s) a crash had stopped")
+        if not body:
+            return [head, "  nothing to merge"]
+        return [head, *body, f"  {self.bytes / 2**20:.1f} MiB merged"]
+
+
+def compact(data: str, *, target_bytes: int = 64 << 20, before: dt.date | None = None,
+            storage_options: dict | None = None, dry_run: bool = False) -> Compacted:
+    """Merge the small files of every date before `before` (default: today, UTC)."""
+    before = before or dt.datetime.now(dt.timezone.utc).date()
+    result = Compacted(before.isoformat(), dry_run=dry_run)
+    fs, root = fsspec.core.url_to_fs(data, **(storage_options or {}))
+    root = root.rstrip("/")
+    with output.held(fs, root):
+        for name in DATASETS:
+            result.merged[name] = result.written[name] = 0
+            base = layout.folder(root, name)
+            if not fs.exists(base):
+                continue
+            for entry in sorted(fs.ls(base, detail=True), key=lambda e: e["name"]):
+                date = layout.partition_date(entry["name"])
+                if entry["type"] != "directory" or date is None:
+                    continue
+                try:
+                    day = dt.date.fromisoformat(date)
+                except ValueError:
+                    continue  # not a partition a reader reads either
+                if not dry_run:
+                    result.finished += _finish(fs, entry["name"])
+                if day >= before:
+                    continue
+                groups = plan(fs.ls(entry["name"], detail=True), target_bytes, fs)
+                for group in groups:
+                    result.merged[name] += len(group)
+                    result.written[name] += 1
+                    result.bytes += sum(int(e["size"]) for e in group)
+                    if not dry_run:
+                        _merge(fs, entry["name"], group)
+                if groups:
+                    result.dates.setdefault(name, []).append(date)
+    if not dry_run and any(result.dates.values()):
+        log.info("%s", "; ".join(result.lines()))
+    return result
+
+
+def plan(listing: list[dict], target_bytes: int, fs=None) -> list[list[dict]]:
+    """The merges of one partition: its small Parquet files in name order (the
+    collector's names follow its segments), cut into runs of at most `target_bytes`
+    and of one schema; a run of one file stays as it is."""
+    small = sorted((e for e in listing if e["type"] == "file" and e["name"].endswith(layout.SUFFIX)
+                    and int(e.get("size") or 0) < target_bytes // 2), key=lambda e: e["name"])
+    if len(small) < 2:
+        return []
+    groups: list[list[dict]] = []
+    run: list[dict] = []
+    size, schema = 0, None
+    for e in small:
+        s = _schema(fs, e["name"]) if fs is not None else None
+        if s is False:
+            continue  # unreadable: the build names it; a merge would not read it either
+        if run and (size + int(e["size"]) > target_bytes or (fs is not None and not s.equals(schema,
+                                                                                             check_metadata=True))):
+            groups.append(run)
+            run, size = [], 0
+        if not run:
+            schema = s
+        run.append(e)
+        size += int(e["size"])
+    groups.append(run)
+    return [g for g in groups if len(g) > 1]
+
+
+def _schema(fs, path: str):
+    try:
+        with fs.open(path, "rb") as f:
+            return pq.ParquetFile(f).schema_arrow
+    except (pa.ArrowException, OSError) as e:
+        log.warning("%s: not a readable Parquet file (%s), left out of compaction", path, e)
+        return False
+
+
+def _merge(fs, folder: str, group: list[dict]) -> None:
+    names = [e["name"].rsplit("/", 1)[-1] for e in group]
+    # named after its first input, so it sorts where they did; the hash keeps two merges apart
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+    out = f"{names[0][:-len(layout.SUFFIX)]}.c{digest}{layout.SUFFIX}"
+    journal = f"{folder}/{JOURNAL}{digest}.json"
+    local = output.is_local(fs)
+    body = json.dumps({"output": out, "inputs": names})
+    write_atomic(journal, body) if local else fs.pipe(journal, body.encode())
+    fd, tmp = tempfile.mkstemp(prefix=f".{out}.", suffix=".tmp", dir=folder if local else None)
+    os.close(fd)
+    try:
+        writer = None
+        pending: list[pa.Table] = []
+        held = 0
+        for e in group:
+            with fs.open(e["name"], "rb") as f:
+                pf = pq.ParquetFile(f)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, pf.schema_arrow, **written_as(pf.metadata))
+                for i in range(pf.metadata.num_row_groups):
+                    t = pf.read_row_group(i)
+                    pending.append(t)
+                    held += t.nbytes
+                    if held >= GROUP_BYTES:
+                        _write_group(writer, pending)
+                        pending, held = [], 0
+        _write_group(writer, pending)
+        writer.close()
+        if local:
+            fsync(tmp)
+            os.replace(tmp, f"{folder}/{out}")
+            fsync(folder)
+        else:
+            fs.put_file(tmp, f"{folder}/{out}")
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    fs.rm([e["name"] for e in group])
+    fs.rm(journal)
+
+
+def written_as(md: pq.FileMetaData) -> dict:
+    """ParquetWriter's options as the file was written: its codec, and dictionaries and
+    statistics on the columns that had them (the collector chooses a few of each:
+    a dictionary tried on message text costs a tenth of the write for nothing)."""
+    if not md.num_row_groups:
+        return {"compression": "zstd"}
+    group = md.row_group(0)
+    cols = [group.column(i) for i in range(group.num_columns)]
+    codec = cols[0].compression.lower()
+    return {"compression": "none" if codec == "uncompressed" else codec,
+            "use_dictionary": [c.path_in_schema for c in cols if any("DICTIONARY" in e for e in c.encodings)],
+            "write_statistics": [c.path_in_schema for c in cols if c.is_stats_set]}
+
+
+def _write_group(writer: pq.ParquetWriter, tables: list[pa.Table]) -> None:
+    if tables:
+        t = pa.concat_tables(tables)
+        writer.write_table(t, row_group_size=max(t.num_rows, 1))
+
+
+def _finish(fs, folder: str) -> int:
+    """Finish the merges a crash stopped in this partition: inputs deleted where the
+    output is there, the journal dropped where it is not (the inputs are whole)."""
+    done = 0
+    for entry in fs.ls(folder, detail=True):
+        name = entry["name"].rsplit("/", 1)[-1]
+        if entry["type"] != "file":
+            continue
+        if name.startswith(".") and name.endswith(".tmp") and JOURNAL not in name and output.is_local(fs):
+            fs.rm(entry["name"])  # a merged file a crash left before its rename
+            continue
+        if not (name.startswith(JOURNAL) and name.endswith(".json")):
+            continue
+        try:
+            with fs.open(entry["name"], "rb") as f:
+                j = json.loads(f.read())
+            out, inputs = j["output"], list(j["inputs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("%s: a compaction journal that cannot be read; its inputs are left as they are", entry["name"])
+            fs.rm(entry["name"])
+            continue
+        if fs.exists(f"{folder}/{out}"):
+            gone = [f"{folder}/{n}" for n in inputs if fs.exists(f"{folder}/{n}")]
+            if gone:
+                fs.rm(gone)
+        fs.rm(entry["name"])
+        done += 1
+    return done
