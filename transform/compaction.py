@@ -12,10 +12,10 @@ Each merge is safe to stop anywhere, and a reader never sees a row missing:
 2. the merged file is written beside its inputs (a rename locally, one upload on
    an object store);
 3. the inputs are deleted, then the journal.
-Between 2 and 3 a reader sees every row twice, which every reader of the lake
-already takes once (the build keeps one span per trace and span id, one log
-record per record id, one feedback per feedback id: the same rule a collector's
-retry relies on). The next compaction finishes what a journal names: the inputs
+Between 2 and 3 a reader sees the group's rows twice, which the build (and
+`doctor`) already takes once: one span per trace and span id, one log record per
+record id, one feedback per feedback id, the rule a collector's retry relies on
+(`nightshift show` counts rows as stored, twice there). The next compaction finishes what a journal names: the inputs
 deleted when its output is there, the journal dropped when it is not.
 
 The next build, incremental or full, makes the same rows (the incremental build
