@@ -83,6 +83,29 @@ def test_a_trace_that_crossed_the_cutoff_goes_whole_and_the_rest_stays_as_it_was
     assert any("rewrote 1 file(s)" in line for line in result.lines())
 
 
+def test_log_records_of_a_pruned_trace_go_and_uncorrelated_ones_stay(tmp_path):
+    from types import SimpleNamespace
+
+    from traces import Trace, write_logs
+
+    data = tmp_path / "data"
+    crossing = traj("crosses", MIDNIGHT + DAY - 60 * S, late=[120.0])
+    write_spans(str(data), [crossing.trace("early")], batch="a", received_ns=MIDNIGHT + DAY)
+    write_spans(str(data), [crossing.trace("late:0"), traj("kept", MIDNIGHT + DAY + HOUR).trace("early")], batch="b",
+                received_ns=MIDNIGHT + DAY + 2 * HOUR)
+    span = bytes.fromhex("00" * 7 + "01")
+    write_logs(str(data), [{"trace": Trace("crosses"), "span": span, "name": "gen_ai.choice", "body": "late"},
+                           {"trace": SimpleNamespace(trace_id=b""), "span": b"", "name": "app.event", "body": "free"},
+                           {"trace": Trace("kept"), "span": span, "name": "gen_ai.choice", "body": "kept"}],
+               batch="l1", base_ns=MIDNIGHT + DAY + 10 * 60 * S)
+    before = pl.read_parquet(next(Path(data, "logs").rglob("*.parquet")))
+    assert before.height == 3 and before["trace_id"].null_count() == 1
+    r = prune(str(data), 1, now=when(MIDNIGHT + 2 * DAY))
+    assert (r.rewritten, r.rows) == (2, 2)  # the span file and the log file, a row each
+    after = pl.read_parquet(next(Path(data, "logs").rglob("*.parquet")))
+    assert after.equals(before.filter(pl.col("trace_id").is_null() | (pl.col("trace_id") != Trace("crosses").hex)))
+
+
 def test_a_dry_run_says_the_same_and_changes_nothing(tmp_path):
     data = tmp_path / "data"
     write_spans(str(data), [traj("a", MIDNIGHT + HOUR, late=[DAY / S]).trace("early")], batch="a",
