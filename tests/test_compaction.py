@@ -97,6 +97,20 @@ def test_files_of_two_schema_versions_are_not_merged_together(tmp_path):
     assert len(list(part.iterdir())) == 3
 
 
+def test_a_torn_file_is_left_where_it_is_and_the_rest_merged(tmp_path, caplog):
+    data = tmp_path / "data"
+    quiet_sidecar(data, 5)
+    part = Path(data, "spans", "date=2025-11-22")
+    torn = sorted(part.iterdir())[2]
+    torn.write_bytes(torn.read_bytes()[:200])  # a copy cut short
+    before = pl.concat([pl.read_parquet(p) for p in sorted(part.iterdir()) if p != torn])
+    r = compact(str(data), before=AFTER)
+    assert (r.merged["spans"], r.written["spans"]) == (4, 1)
+    assert torn.exists() and "not a readable Parquet file" in caplog.text
+    merged = [p for p in part.iterdir() if p != torn]
+    assert len(merged) == 1 and pl.read_parquet(merged[0]).equals(before)
+
+
 @pytest.mark.parametrize("stop", ["after the journal", "after the output", "after one input went"])
 def test_a_merge_stopped_anywhere_reads_every_row_and_the_next_run_finishes_it(tmp_path, monkeypatch, stop):
     data = tmp_path / "data"

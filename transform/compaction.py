@@ -7,12 +7,12 @@ date is over (UTC), its small files are merged into files of about
 useful size.
 
 Each merge is safe to stop anywhere, and a reader never sees a row missing:
-1. a journal (`<partition>/.compact-<id>.json`: the output's name and its inputs)
-   is written first;
-2. the merged file is written beside its inputs (a rename locally, one upload on
-   an object store);
-3. the inputs are deleted, then the journal.
-Between 2 and 3 a reader sees the group's rows twice, which the build (and
+1. the merged file is written under a temporary name (locally beside its inputs,
+   else in the machine's scratch);
+2. a journal (`<partition>/.compact-<id>.json`: the output's name and its inputs);
+3. the merged file put in place (a rename locally, one upload on an object store);
+4. the inputs are deleted, then the journal.
+Between 3 and 4 a reader sees the group's rows twice, which the build (and
 `doctor`) already takes once: one span per trace and span id, one log record per
 record id, one feedback per feedback id, the rule a collector's retry relies on
 (`nightshift show` counts rows as stored, twice there). The next compaction finishes what a journal names: the inputs
@@ -118,13 +118,11 @@ def compact(data: str, *, target_bytes: int = 64 << 20, before: dt.date | None =
                     result.finished += _finish(fs, entry["name"])
                 if day >= before:
                     continue
-                groups = plan(fs.ls(entry["name"], detail=True), target_bytes, fs)
+                groups = _partition(fs, entry["name"], fs.ls(entry["name"], detail=True), target_bytes, dry_run)
                 for group in groups:
                     result.merged[name] += len(group)
                     result.written[name] += 1
                     result.bytes += sum(int(e["size"]) for e in group)
-                    if not dry_run:
-                        _merge(fs, entry["name"], group)
                 if groups:
                     result.dates.setdefault(name, []).append(date)
     if not dry_run and any(result.dates.values()):
@@ -132,82 +130,117 @@ def compact(data: str, *, target_bytes: int = 64 << 20, before: dt.date | None =
     return result
 
 
-def plan(listing: list[dict], target_bytes: int, fs=None) -> list[list[dict]]:
-    """The merges of one partition: its small Parquet files in name order (the
-    collector's names follow its segments), cut into runs of at most `target_bytes`
-    and of one schema; a run of one file stays as it is."""
+@dataclass
+class _Run:
+    """Files being merged into one, in name order; written once a second file joins."""
+
+    schema: pa.Schema
+    inputs: list[dict]
+    size: int
+    writer: pq.ParquetWriter | None = None
+    tmp: str = ""
+    pending: list[pa.Table] = field(default_factory=list)
+    held: int = 0
+
+
+def _partition(fs, folder: str, listing: list[dict], target_bytes: int, dry_run: bool) -> list[list[dict]]:
+    """Merge one partition's small Parquet files (under half of `target_bytes`), in
+    name order (the collector's names follow its segments), into runs of at most
+    `target_bytes` of one schema; a run of one file stays as it is. Each file is
+    opened once (on an object store, a GET each): the run's choice and its copy read
+    the same footer. Returns the merged runs' inputs."""
     small = sorted((e for e in listing if e["type"] == "file" and e["name"].endswith(layout.SUFFIX)
                     and int(e.get("size") or 0) < target_bytes // 2), key=lambda e: e["name"])
     if len(small) < 2:
         return []
-    groups: list[list[dict]] = []
-    run: list[dict] = []
-    size, schema = 0, None
+    done: list[list[dict]] = []
+    run: _Run | None = None
     for e in small:
-        s = _schema(fs, e["name"]) if fs is not None else None
-        if s is False:
-            continue  # unreadable: the build names it; a merge would not read it either
-        if run and (size + int(e["size"]) > target_bytes or (fs is not None and not s.equals(schema,
-                                                                                             check_metadata=True))):
-            groups.append(run)
-            run, size = [], 0
-        if not run:
-            schema = s
-        run.append(e)
-        size += int(e["size"])
-    groups.append(run)
-    return [g for g in groups if len(g) > 1]
+        size = int(e["size"])
+        try:  # a torn or foreign file is skipped (the build names it); only reading is tried here
+            with fs.open(e["name"], "rb") as f:
+                pf = pq.ParquetFile(f)
+                schema, options = pf.schema_arrow, written_as(pf.metadata)
+                joins = run is not None and run.size + size <= target_bytes and schema.equals(run.schema,
+                                                                                            check_metadata=True)
+                rows = _read(pf) if joins and not dry_run else []
+                first = _read_path(fs, run.inputs[0]) if joins and not dry_run and run.writer is None else None
+        except (pa.ArrowException, OSError) as err:
+            log.warning("%s: not a readable Parquet file (%s), left out of compaction", e["name"], err)
+            continue
+        if not joins:
+            if run is not None:
+                done += _close(fs, folder, run)
+            run = _Run(schema, [e], size)
+            continue
+        if first is not None:  # a second file: the run is written from here, its first file's rows first
+            fd, run.tmp = tempfile.mkstemp(prefix=f".{_name(run.inputs[0])}.", suffix=".tmp",
+                                           dir=folder if output.is_local(fs) else None)
+            os.close(fd)
+            run.writer = pq.ParquetWriter(run.tmp, schema, **options)
+            _add(run, first)
+        if not dry_run:
+            _add(run, rows)
+        run.inputs.append(e)
+        run.size += size
+    if run is not None:
+        done += _close(fs, folder, run)
+    return done
 
 
-def _schema(fs, path: str):
-    try:
-        with fs.open(path, "rb") as f:
-            return pq.ParquetFile(f).schema_arrow
-    except (pa.ArrowException, OSError) as e:
-        log.warning("%s: not a readable Parquet file (%s), left out of compaction", path, e)
-        return False
+def _read(pf: pq.ParquetFile) -> list[pa.Table]:
+    """A file's row groups, all of them before any is written: a file that fails part
+    way adds nothing to a run."""
+    return [pf.read_row_group(i) for i in range(pf.metadata.num_row_groups)]
 
 
-def _merge(fs, folder: str, group: list[dict]) -> None:
-    names = [e["name"].rsplit("/", 1)[-1] for e in group]
+def _read_path(fs, entry: dict) -> list[pa.Table]:
+    with fs.open(entry["name"], "rb") as f:
+        return _read(pq.ParquetFile(f))
+
+
+def _name(entry: dict) -> str:
+    return entry["name"].rstrip("/").rsplit("/", 1)[-1]
+
+
+def _add(run: _Run, tables: list[pa.Table]) -> None:
+    """Rows into the run's file, in row groups of about GROUP_BYTES."""
+    for t in tables:
+        run.pending.append(t)
+        run.held += t.nbytes
+        if run.held >= GROUP_BYTES:
+            _write_group(run.writer, run.pending)
+            run.pending, run.held = [], 0
+
+
+def _close(fs, folder: str, run: _Run) -> list[list[dict]]:
+    """Put a run's merged file in place of its inputs (the journal first), or nothing
+    for a run of one file. Dry (no writer) only says which inputs it would merge."""
+    if run.writer is None:  # one file (nothing to merge), or a dry run
+        return [run.inputs] if len(run.inputs) > 1 else []
+    names = [_name(e) for e in run.inputs]
     # named after its first input, so it sorts where they did; the hash keeps two merges apart
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
     out = f"{names[0][:-len(layout.SUFFIX)]}.c{digest}{layout.SUFFIX}"
     journal = f"{folder}/{JOURNAL}{digest}.json"
     local = output.is_local(fs)
-    body = json.dumps({"output": out, "inputs": names})
-    write_atomic(journal, body) if local else fs.pipe(journal, body.encode())
-    fd, tmp = tempfile.mkstemp(prefix=f".{out}.", suffix=".tmp", dir=folder if local else None)
-    os.close(fd)
     try:
-        writer = None
-        pending: list[pa.Table] = []
-        held = 0
-        for e in group:
-            with fs.open(e["name"], "rb") as f:
-                pf = pq.ParquetFile(f)
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, pf.schema_arrow, **written_as(pf.metadata))
-                for i in range(pf.metadata.num_row_groups):
-                    t = pf.read_row_group(i)
-                    pending.append(t)
-                    held += t.nbytes
-                    if held >= GROUP_BYTES:
-                        _write_group(writer, pending)
-                        pending, held = [], 0
-        _write_group(writer, pending)
-        writer.close()
+        _write_group(run.writer, run.pending)
+        run.writer.close()
+        body = json.dumps({"output": out, "inputs": names})
+        write_atomic(journal, body) if local else fs.pipe(journal, body.encode())
         if local:
-            fsync(tmp)
-            os.replace(tmp, f"{folder}/{out}")
+            fsync(run.tmp)
+            os.replace(run.tmp, f"{folder}/{out}")
             fsync(folder)
         else:
-            fs.put_file(tmp, f"{folder}/{out}")
+            fs.put_file(run.tmp, f"{folder}/{out}")
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fs.rm([e["name"] for e in group])
+        if os.path.exists(run.tmp):
+            os.remove(run.tmp)
+    fs.rm([e["name"] for e in run.inputs])
     fs.rm(journal)
+    return [run.inputs]
 
 
 def written_as(md: pq.FileMetaData) -> dict:
