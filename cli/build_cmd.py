@@ -118,8 +118,7 @@ PRUNE_EPILOG = """YAML (the window is `retention:`; where the lake is, `data:` a
 
 def add_prune(sub, common) -> None:
     from nightshift.settings import add_flags
-    from nightshift.transform.config import TransformConfig
-    from nightshift.transform.retention import RetentionConfig
+    from nightshift.transform.config import RetentionConfig, TransformConfig
 
     p = sub.add_parser("prune", help="delete the lake's dates older than its retention (retention.days), "
                                      "whole trajectories at a time",
@@ -139,8 +138,8 @@ def add_prune(sub, common) -> None:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from .console import say, setup_logging
-    from nightshift.transform.config import TransformConfig
-    from nightshift.transform.retention import RetentionConfig, RetentionError, prune
+    from nightshift.transform.config import RetentionConfig, TransformConfig
+    from nightshift.transform.retention import RetentionError, prune
 
     cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
     keep = load(RetentionConfig, "retention", args.config, flags_of(RetentionConfig, args))
@@ -185,8 +184,7 @@ COMPACT_EPILOG = """YAML:
 
 def add_compact(sub, common) -> None:
     from nightshift.settings import add_flags
-    from nightshift.transform.compaction import CompactionConfig
-    from nightshift.transform.config import TransformConfig
+    from nightshift.transform.config import CompactionConfig, TransformConfig
 
     p = sub.add_parser("compact", help="merge the small files of past dates in the lake (what the nightly job does "
                                        "before it builds)",
@@ -205,8 +203,8 @@ def add_compact(sub, common) -> None:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     from .console import say, setup_logging
-    from nightshift.transform.compaction import CompactionConfig, compact
-    from nightshift.transform.config import TransformConfig
+    from nightshift.transform.compaction import compact
+    from nightshift.transform.config import CompactionConfig, TransformConfig
     from nightshift.transform.output import Busy
 
     cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))

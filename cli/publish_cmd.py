@@ -374,10 +374,10 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from nightshift.prompts.config import ApoConfig
 
     apo = load(ApoConfig, "apo", args.config, flags)  # the proposer, for the agents on prompt optimization
-    from nightshift.transform.retention import RetentionConfig
+    from nightshift.transform.config import RetentionConfig
 
     keep = load(RetentionConfig, "retention", args.config)  # the lake pruned to it before the build
-    from nightshift.transform.compaction import CompactionConfig
+    from nightshift.transform.config import CompactionConfig
 
     merge = load(CompactionConfig, "compaction", args.config)  # and its small files merged
     from .console import adopt_libraries

@@ -367,7 +367,8 @@ def _compact(transform_cfg, compaction_cfg, now: dt.datetime) -> list[str]:
     """The small files of past dates merged before the build (transform/compaction.py).
     A failure is said and left to the next night: the build reads the files as they
     are (a merge a crash stopped leaves every row readable, and the next run finishes it)."""
-    from nightshift.transform.compaction import CompactionConfig, compact
+    from nightshift.transform.compaction import compact
+    from nightshift.transform.config import CompactionConfig
     from nightshift.transform.output import Busy
 
     how = compaction_cfg if compaction_cfg is not None else CompactionConfig()

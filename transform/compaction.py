@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightshift.schemas import layout
-from nightshift.settings import setting, validate
 from nightshift.storage import fsync, write_atomic
 
 from . import output
+from .config import CompactionConfig  # noqa: F401  (its settings: here for callers)
 
 log = logging.getLogger("nightshift.compaction")
 
@@ -54,19 +54,6 @@ JOURNAL = ".compact-"
 #: Rows are written in row groups of about this many bytes (Arrow's, uncompressed): the
 #: collector's chunks are 2 MiB; a quiet sidecar's files hold a few KB.
 GROUP_BYTES = 8 << 20
-
-
-@dataclass
-class CompactionConfig:
-    """Small files of past dates merged into bigger ones."""
-
-    enabled: bool = setting(True, help="merge the small files of past dates (UTC) in spans/, logs/ and feedback/ "
-                                       "before the nightly build (`nightshift compact` by hand)")
-    target_bytes: int = setting(64 << 20, help="size a merged file grows to; a file half this size or more is "
-                                               "left as it is", bounds="[1, inf)", metavar="SIZE")
-
-    def check(self) -> None:
-        validate(self, "compaction")
 
 
 @dataclass

@@ -126,3 +126,29 @@ class TransformConfig:
     def check(self) -> None:
         """Refuse settings that would silently do something else."""
         validate(self, "transform")
+
+
+@dataclass
+class RetentionConfig:
+    """How long the lake keeps its data."""
+
+    days: int = setting(0, help="days of data kept besides today: a date partition older than this (spans, logs, "
+                                "feedback and the transitions built from them) is deleted by `nightshift prune` and by "
+                                "the nightly job before it builds, with every span of the traces that started in it; "
+                                "0 keeps everything", bounds="[0, inf)")
+
+    def check(self) -> None:
+        validate(self, "retention")
+
+
+@dataclass
+class CompactionConfig:
+    """Small files of past dates merged into bigger ones."""
+
+    enabled: bool = setting(True, help="merge the small files of past dates (UTC) in spans/, logs/ and feedback/ "
+                                       "before the nightly build (`nightshift compact` by hand)")
+    target_bytes: int = setting(64 << 20, help="size a merged file grows to; a file half this size or more is "
+                                               "left as it is", bounds="[1, inf)", metavar="SIZE")
+
+    def check(self) -> None:
+        validate(self, "compaction")

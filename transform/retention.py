@@ -38,10 +38,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.schemas import layout
-from nightshift.settings import setting, validate
 from nightshift.storage import fsync
 
 from . import output
+from .config import RetentionConfig  # noqa: F401  (its settings: here for callers)
 from .compaction import written_as
 
 log = logging.getLogger("nightshift.retention")
@@ -52,19 +52,6 @@ DATASETS = (layout.SPANS, layout.LOGS, layout.FEEDBACK, layout.TRANSITIONS)
 BY_TRACE = (layout.SPANS, layout.LOGS)
 #: The end of a rewrite's file beside the one it replaces, until the rename.
 TMP = ".prune.tmp"
-
-
-@dataclass
-class RetentionConfig:
-    """How long the lake keeps its data."""
-
-    days: int = setting(0, help="days of data kept besides today: a date partition older than this (spans, logs, "
-                                "feedback and the transitions built from them) is deleted by `nightshift prune` and by "
-                                "the nightly job before it builds, with every span of the traces that started in it; "
-                                "0 keeps everything", bounds="[0, inf)")
-
-    def check(self) -> None:
-        validate(self, "retention")
 
 
 @dataclass
