@@ -263,15 +263,24 @@ def crash_at(monkeypatch, point: int) -> None:
     return undo
 
 
-def play(seed: int, root: Path, monkeypatch, rounds: int) -> None:
+def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None) -> None:
     """A first arrival and build (no state yet: a full one), then `rounds` rounds of one
     to four events and an incremental build (now and then crashing, then run again),
-    each compared with a full build."""
+    each compared with a full build. `upkeep(h, before_build)`, when given, acts on
+    the lake after each event and before each build (test_retention.py: prunes and
+    compactions); without it a history draws the same numbers as it always did."""
     h = History(seed, root)
     h.arrive()
     for step in range(rounds + 1):
         for _ in range(h.rng.randint(1, 4) if step else 0):
             h.event()
+            if upkeep:
+                upkeep(h, False)
+        if upkeep and step:
+            upkeep(h, True)
+            if not list(Path(h.data, "spans").rglob("*.parquet")):
+                h.log.append("every span pruned: nothing to build from")
+                continue
         if h.rng.random() < 0.12:
             point = h.rng.choice([0, 1, 2])
             undo = crash_at(monkeypatch, point)

@@ -17,8 +17,7 @@ import pytest
 from nightshift.transform import build as B
 from nightshift.transform import compaction, output, retention
 from nightshift.transform.retention import RetentionError, prune
-from test_incremental import (DAY, HOUR, MIDNIGHT, S, Crash, History, Traj, cfg_for, crash_at, full_build, same,
-                              transitions)
+from test_incremental import DAY, HOUR, MIDNIGHT, S, Crash, History, Traj, cfg_for, full_build, play, same, transitions
 from traces import write_spans
 
 
@@ -283,41 +282,16 @@ def _compact(h: History, monkeypatch) -> None:
     h.feedback_files = sorted(h._feedback_paths())  # merged files in place of their inputs
 
 
-def play_pruned(seed: int, root: Path, monkeypatch, rounds: int) -> None:
-    """test_incremental's histories, with prunes (of 1 or 2 days) and compactions
-    (now and then dying part way) between the incremental builds, each build compared
-    with a full one."""
-    h = History(seed, root)
-    h.arrive()
-    for step in range(rounds + 1):
-        for _ in range(h.rng.randint(1, 4) if step else 0):
-            h.event()
-            if h.rng.random() < 0.3:
-                _prune(h, monkeypatch)
-            if h.rng.random() < 0.3:
-                _compact(h, monkeypatch)
-        if step and h.rng.random() < 0.5:  # as the nightly job does: just before its build
+def upkeep(monkeypatch):
+    """Prunes (of 1 or 2 days) and compactions, now and then dying part way: after an
+    event now and then, and before a build half the time, as the nightly job runs them."""
+    def act(h: History, before_build: bool) -> None:
+        p = 0.5 if before_build else 0.3
+        if h.rng.random() < p:
             _prune(h, monkeypatch)
+        if h.rng.random() < p:
             _compact(h, monkeypatch)
-        h.log.append(f"incremental build at {h.clock}")
-        if not list(Path(h.data, "spans").rglob("*.parquet")):
-            h.log.append("  every span pruned: nothing to build from")
-            continue
-        undo = crash_at(monkeypatch, h.rng.choice([0, 1])) if h.rng.random() < 0.1 else None
-        if undo:
-            try:
-                B.build(cfg_for(h.data, incremental=True), now_ns=h.clock)
-            except Crash:
-                pass
-            finally:
-                undo()
-        summary = B.build(cfg_for(h.data, incremental=True), now_ns=h.clock)
-        h.log.append(f"  -> {summary.incremental}")
-        if not step:
-            continue
-        diff = same(transitions(h.data), full_build(h.data, root / "full", h.clock))
-        if diff:
-            raise AssertionError(f"history {seed}, build {step}: {diff}\n  " + "\n  ".join(h.log))
+    return act
 
 
 HISTORIES = int(os.environ.get("NIGHTSHIFT_HISTORIES", "200")) // 2
@@ -327,7 +301,7 @@ HISTORIES = int(os.environ.get("NIGHTSHIFT_HISTORIES", "200")) // 2
 def test_the_lake_prunes_and_compactions_leave_builds_the_same_rows_incrementally_and_in_full(tmp_path, monkeypatch,
                                                                                              block):
     for seed in range(1000 + block, 1000 + HISTORIES, 2):
-        play_pruned(seed, tmp_path / f"h{seed}", monkeypatch, rounds=4)
+        play(seed, tmp_path / f"h{seed}", monkeypatch, rounds=4, upkeep=upkeep(monkeypatch))
         shutil.rmtree(tmp_path / f"h{seed}")
 
 
