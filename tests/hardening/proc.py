@@ -48,19 +48,34 @@ class Collector:
     def grpc_url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.grpc_port}"
 
+    def _cmd(self) -> list[str]:
+        return [sys.executable, "-m", "nightshift.cli", "collect", "--data", str(self.data), "--wal", str(self.wal),
+                "--grpc", f"{self.host}:{self.grpc_port}", "--http", f"{self.host}:{self.http_port}", *self.extra_args]
+
     def start(self, wait: bool = True, timeout: float = 30.0) -> "Collector":
-        cmd = [sys.executable, "-m", "nightshift.cli", "collect", "--data", str(self.data), "--wal", str(self.wal),
-               "--grpc", f"{self.host}:{self.grpc_port}", "--http", f"{self.host}:{self.http_port}", *self.extra_args]
         # The flusher in its own process unless a test says otherwise: the campaigns stop,
         # kill and fail it by its pid (`collector.flusher: auto` makes it a thread of the
         # collector on a folder); a None in `env` leaves the variable unset (the default).
         env = {**os.environ, "NIGHTSHIFT_COLLECTOR_FLUSH_INTERVAL": "0.5", "NIGHTSHIFT_COLLECTOR_FLUSHER": "process",
                **self.env}
         env = {k: v for k, v in env.items() if v is not None}
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        if wait:
-            self.wait_healthy(timeout)
+        for attempt in range(3):
+            self._log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(self._cmd(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+            if not wait:
+                return self
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except RuntimeError as e:
+                # free_port's port is free when it returns, not when the collector binds it: another
+                # process (a client's ephemeral port) can take it in between; new ports, not a failure
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+                self._log.close()
+                self.grpc_port, self.http_port = free_port(), free_port()
+                while self.http_port == self.grpc_port:
+                    self.http_port = free_port()
         return self
 
     def health(self) -> dict | None:
