@@ -139,7 +139,7 @@ def add_prune(sub, common) -> None:
 def cmd_prune(args: argparse.Namespace) -> int:
     from .console import say, setup_logging
     from nightshift.transform.config import RetentionConfig, TransformConfig
-    from nightshift.transform.retention import RetentionError, prune
+    from nightshift.transform.retention import NotADate, RetentionError, prune
 
     cfg = load(TransformConfig, "transform", args.config, flags_of(TransformConfig, args))
     keep = load(RetentionConfig, "retention", args.config, flags_of(RetentionConfig, args))
@@ -152,7 +152,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         result = prune(cfg.data, keep.days, storage_options=cfg.storage_options, dry_run=args.dry_run)
     except RetentionError as e:
         say(f"nightshift prune: {e}", args.log_format)
-        return 2 if "not a date" in str(e) else 1
+        return 2 if isinstance(e, NotADate) else 1
     except OSError as e:
         say(f"nightshift prune: {e}; run it again to finish (what went is gone, the rest is as it was)",
             args.log_format)

@@ -124,7 +124,7 @@ def test_a_merge_stopped_anywhere_reads_every_row_and_the_next_run_finishes_it(t
     if stop == "after the journal":
         def killed(*a):  # the merged file written, not yet renamed into place
             raise Crash(stop)
-        monkeypatch.setattr(compaction, "fsync", killed)
+        monkeypatch.setattr(compaction.output, "fsync", killed)
         monkeypatch.setattr(compaction.os, "remove", lambda *a: None)  # killed: no cleanup of its own
     else:
         def rm(self, path, *a, **kw):

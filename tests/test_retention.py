@@ -260,7 +260,7 @@ def _compact(h: History, monkeypatch) -> None:
     if h.rng.random() < 0.3:
         k = h.rng.choice([1, 2, 3, 4])
         calls = [0]
-        real = compaction.fsync
+        real = output.fsync
 
         def fsync(path):
             calls[0] += 1
@@ -268,7 +268,7 @@ def _compact(h: History, monkeypatch) -> None:
                 raise Crash(f"compaction, at fsync {k}")
             return real(path)
 
-        monkeypatch.setattr(compaction, "fsync", fsync)
+        monkeypatch.setattr(output, "fsync", fsync)
         try:
             compaction.compact(str(h.data), target_bytes=target, before=before)
             h.log.append(f"compact before {before}, target {target} (finished before fsync {k})")

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nightshift.schemas import layout
-from nightshift.storage import fsync, write_atomic
+from nightshift.storage import write_atomic
 
 from . import output
 from .config import CompactionConfig  # noqa: F401  (its settings: here for callers)
@@ -216,12 +216,7 @@ def _close(fs, folder: str, run: _Run) -> list[list[dict]]:
         run.writer.close()
         body = json.dumps({"output": out, "inputs": names})
         write_atomic(journal, body) if local else fs.pipe(journal, body.encode())
-        if local:
-            fsync(run.tmp)
-            os.replace(run.tmp, f"{folder}/{out}")
-            fsync(folder)
-        else:
-            fs.put_file(run.tmp, f"{folder}/{out}")
+        output.place(fs, run.tmp, f"{folder}/{out}")
     finally:
         if os.path.exists(run.tmp):
             os.remove(run.tmp)

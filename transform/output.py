@@ -135,6 +135,24 @@ def commit(root: str, date: str, staged: str, rows: int) -> None:
     fsync(root)
 
 
+def place(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> None:
+    """Put the finished file `tmp` (on this machine) at `path` whole or not at all: on
+    a local lake it lies beside `path` and is synced, renamed and its folder synced;
+    on an object store it is one upload, so readers see the old object or the new
+    one. `tmp` is gone afterwards, placed or not. Rewrites that replace files in a
+    lake (retention, compaction) land this one way."""
+    try:
+        if is_local(fs):
+            fsync(tmp)
+            os.replace(tmp, path)
+            fsync(path.rsplit("/", 1)[0])
+        else:
+            fs.put_file(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 #: Column paths whose values rarely repeat: message text, token ids, logprobs, per-row ids.
 _UNIQUE = frozenset({"input_messages.list.element.content", "output_message.content", "prompt_token_ids.list.element",
                      "completion_token_ids.list.element", "completion_logprobs.list.element", "transition_id",

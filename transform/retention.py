@@ -38,7 +38,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.schemas import layout
-from nightshift.storage import fsync
 
 from . import output
 from .config import RetentionConfig  # noqa: F401  (its settings: here for callers)
@@ -89,7 +88,11 @@ class Pruned:
 
 
 class RetentionError(RuntimeError):
-    """A prune that cannot run (a build holds the lake, a partition named with no date)."""
+    """A prune that cannot run now (a build holds the lake): run it again later."""
+
+
+class NotADate(RetentionError):
+    """A date partition whose name is not a date: the lake needs a person first."""
 
 
 def cutoff(days: int, now: dt.datetime) -> dt.date:
@@ -167,7 +170,7 @@ def _partitions(fs, base: str, leftovers: list[str]) -> dict[str, list[dict]]:
         try:
             dt.date.fromisoformat(date)
         except ValueError:
-            raise RetentionError(f"{entry['name']}: a partition whose name is not a date YYYY-MM-DD; rename or remove "
+            raise NotADate(f"{entry['name']}: a partition whose name is not a date YYYY-MM-DD; rename or remove "
                                  "it, nothing was pruned") from None
         listed = [f for f in fs.ls(entry["name"], detail=True) if f["type"] == "file"]
         out[date] = [f for f in listed if f["name"].endswith(layout.SUFFIX)]
@@ -230,15 +233,10 @@ def _without(fs, entry: dict, gone: pa.Array, dry_run: bool) -> tuple[int, set[s
                     group = group.filter(pc.invert(pc.is_in(group.column("trace_id"), value_set=gone)))
                     if group.num_rows:
                         w.write_table(group, row_group_size=group.num_rows)
-        if local:
-            fsync(tmp)
-            os.replace(tmp, path)
-            fsync(folder)
-        else:
-            fs.put_file(tmp, path)  # one upload: readers see the old object or the new one
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    except BaseException:
+        os.remove(tmp)
+        raise
+    output.place(fs, tmp, path)
     return removed, traces
 
 
