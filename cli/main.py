@@ -164,7 +164,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     pattern = layout.files(data, layout.SPANS)
     try:
-        lf = pl.scan_parquet(pattern, hive_partitioning=True)
+        # a span stored twice (a retry past the collector's duplicate check, a compaction
+        # stopped part way) is one span, as the build counts it
+        lf = pl.scan_parquet(pattern, hive_partitioning=True).unique(["trace_id", "span_id"], keep="any")
         summary = (
             lf.group_by("date", "service_name", "gen_ai_operation_name", "gen_ai_request_model")
             .agg(pl.len().alias("spans"), pl.col("trace_id").n_unique().alias("traces"))

@@ -37,6 +37,27 @@ def test_show_counts_each_trace_once(tmp_path, capsys):
     assert first == f"spans under {data}: 13 in {truth} trace(s)", first
 
 
+def test_show_counts_a_span_stored_twice_once(tmp_path, capsys):
+    """A span can lie in the lake twice: a collector's retry past its duplicate
+    check, or a compaction stopped between putting its merged file in place and
+    removing the inputs. The build keeps one copy; `show` counted both."""
+    data = _copy("episode_reward", tmp_path)
+    first = sorted((data / "spans").rglob("*.parquet"))[0]
+    shutil.copy(first, first.with_name("copy-" + first.name))  # every row of that file twice
+    assert main(["show", "--data", str(data), "--rows", "50"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"spans under {data}: 13 in 2 trace(s)", out
+    assert sum(int(x) for x in _column(out, "spans")) == 13
+
+
+def _column(table: str, name: str) -> list[str]:
+    """A column's cells from Polars' printed table."""
+    rows = [r for r in table.splitlines() if r.startswith("│")]
+    head = [c.strip() for c in rows[0].strip("│").split("┆")]
+    i = head.index(name)
+    return [c.strip() for r in rows[1:] for c in [r.strip("│").split("┆")[i]] if c.strip().isdigit()]
+
+
 def test_ingesting_a_file_again_reports_it_already_stored(tmp_path, capsys):
     """The second ingest of the same file (a new process, as users run it) said
     "5 spans ... written; 0 already stored" although it added nothing."""
