@@ -56,6 +56,23 @@ def test_tool_results_sent_with_role_user_still_become_tool_turns():
     assert msgs == [{"role": "tool", "content": "ok", "name": None, "tool_calls": [], "tool_call_id": "x"}]
 
 
+def test_tool_results_the_user_sends_with_more_text_stay_next_to_the_calls_they_answer():
+    """A user message holding tool results and then text (Anthropic's tool_result blocks
+    with a note, Gemini's function responses): the results come first, in the parts'
+    order, so each still follows the assistant's call; the text was put before them."""
+    msgs = from_genai_messages([
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "a", "name": "f", "arguments": {}},
+                                        {"type": "tool_call", "id": "b", "name": "g", "arguments": {}}]},
+        {"role": "user", "parts": [{"type": "tool_call_response", "id": "a", "response": "1"},
+                                   {"type": "tool_call_response", "id": "b", "response": "2"},
+                                   {"type": "text", "content": "and now the total?"}]}])
+    assert [(m["role"], m["tool_call_id"], m["content"]) for m in msgs[1:]] == [
+        ("tool", "a", "1"), ("tool", "b", "2"), ("user", None, "and now the total?")]
+    said_first = from_genai_messages([{"role": "user", "parts": [
+        {"type": "text", "content": "before"}, {"type": "tool_call_response", "id": "a", "response": "1"}]}])
+    assert [m["role"] for m in said_first] == ["user", "tool"]
+
+
 def test_system_instructions_are_parts():
     assert from_system_instructions('[{"type":"text","content":"Be brief."},{"type":"text","content":" Be kind."}]')["content"] == "Be brief. Be kind."
     assert from_system_instructions("null") is None

@@ -94,6 +94,11 @@ def _odd_calls(rng: random.Random) -> list[dict]:
                 [{"type": "generic", "generic_type": "citation", "content": {"k": t}}],
                 [{"type": "text"}],
                 [{"type": "text", "content": None}],
+                # tool results sent as the user's, with more to say (Anthropic, Gemini): in the parts' order
+                [{"type": "tool_call_response", "id": f"c{i}", "response": t}, {"type": "text", "content": t}],
+                [{"type": "text", "content": t}, {"type": "tool_call_response", "id": f"c{i}", "response": "r"},
+                 {"type": "tool_call", "id": f"d{i}", "name": "f", "arguments": "{}"},
+                 {"type": "tool_call_response", "id": f"d{i}", "result": "s"}],
             ])
             msgs = [{"role": rng.choice(["user", "system", "developer", "assistant", None]), "parts": parts}]
             if rng.random() < 0.3:
@@ -234,3 +239,23 @@ def test_a_key_twice_on_one_call_goes_to_python_and_reads_as_the_last(tmp_path):
     want = _oracle(rows, events)
     assert got.records == want
     assert got.records[0]["request_model"] == "m2" and got.records[1]["request_model"] == "m1"
+
+
+def test_tool_results_the_user_sends_with_text_read_in_bulk_in_the_parts_order(tmp_path):
+    """Anthropic's and Gemini's tool results come in a user message, often with text
+    after them: read in bulk, the results first, as `from_genai_message` reads them."""
+    history = [{"role": "user", "parts": [{"type": "text", "content": "sum 2 and 3, then double"}]},
+               {"role": "assistant", "parts": [{"type": "tool_call", "id": "a", "name": "add", "arguments": "{\"x\": 2}"}]},
+               {"role": "user", "parts": [{"type": "tool_call_response", "id": "a", "response": "5"},
+                                          {"type": "text", "content": "now double it"}]}]
+    t = Trace("mixed")
+    root = t.span("agent", {"agent.name": "a"}, start=0, end=9)
+    attrs = genai_call("go on", "10")
+    attrs["gen_ai.input.messages"] = json.dumps(history)
+    t.span("chat m", attrs, parent=root, start=1, end=2)
+    write_spans(str(tmp_path), [t])
+    got = _same(str(tmp_path))
+    assert sum(got.python.values()) == 0
+    (rec,) = got.records
+    assert [(m["role"], m["content"]) for m in rec["input_messages"]] == [
+        ("user", "sum 2 and 3, then double"), ("assistant", None), ("tool", "5"), ("user", "now double it")]

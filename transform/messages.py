@@ -107,18 +107,23 @@ def from_genai_message(m: Any) -> list[dict]:
     texts: list[str] = []
     calls: list[dict] = []
     responses: list[dict] = []
-    for p in parts:
+    at: list[int] = []  # each response's place among the parts
+    first = len(parts)  # the first text or tool call's: the message's own place
+    for j, p in enumerate(parts):
         if not isinstance(p, dict):
             raise MessageError("a message part must be an object")
         kind = p.get("type")
         if kind == "text":
             texts.append(_text(p.get("content", "")))
+            first = min(first, j)
         elif kind == "tool_call":
             calls.append({"id": p.get("id"), "name": p.get("name"), "arguments": arguments_json(p.get("arguments"))})
+            first = min(first, j)
         elif kind == "tool_call_response":
             # The schema's field is `response`; one example in the spec says `result`.
             resp = p.get("response", p.get("result"))
             responses.append(message("tool", None if resp is None else _text(resp), tool_call_id=p.get("id")))
+            at.append(j)
         # reasoning, blob, uri, file, server tool parts: not text the policy trains on
     if responses and role == "tool":
         # the result written twice, as text and as the response part (openai-agents-v2): once
@@ -126,10 +131,13 @@ def from_genai_message(m: Any) -> list[dict]:
         texts = [t for t in texts if t not in answered]
     if role == "assistant" and not calls and len(texts) == 1 and (found := _repr_message(texts[0])) is not None:
         return [found]
-    out: list[dict] = []
+    # In the parts' order: a user message that answers tool calls and then says more
+    # (Anthropic's and Gemini's tool results come as the user's) is the tool results,
+    # then the text, so each result still follows the assistant's call it answers.
+    out = [r for j, r in zip(at, responses) if j < first]
     if texts or calls or not responses:
         out.append(message(role, _join(texts), name=m.get("name"), tool_calls=calls))
-    out.extend(responses)
+    out.extend(r for j, r in zip(at, responses) if j > first)
     return out
 
 

@@ -569,10 +569,14 @@ def _genai(vals: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
         "row", "side", pl.col("g").alias("o1"), (pl.col("j") + 1).alias("o2"), pl.lit("tool").alias("role"),
         pl.coalesce("response", "result").alias("content"), pl.lit(None, pl.String).alias("name"),
         _EMPTY_CALLS.alias("tool_calls"), pl.col("id").alias("tool_call_id"))
+    # the message at its first text or tool call, among its tool results (`from_genai_message`)
+    place = parts.filter(pl.col("type").is_in(["text", "tool_call"])).group_by(["row", "side", "g"]).agg(
+        (pl.col("j").min() + 1).cast(pl.Int64).alias("o2"))
     main = (m.select("row", "side", "g", "role", "name", "_nt", "_nc", "_nr")
             .join(texts, on=["row", "side", "g"], how="left").join(calls, on=["row", "side", "g"], how="left")
+            .join(place, on=["row", "side", "g"], how="left")
             .filter((pl.col("_nt") > 0) | (pl.col("_nc") > 0) | (pl.col("_nr") == 0))
-            .select("row", "side", pl.col("g").alias("o1"), pl.lit(0, pl.Int64).alias("o2"), "role", "content", "name",
+            .select("row", "side", pl.col("g").alias("o1"), pl.col("o2").fill_null(0), "role", "content", "name",
                     pl.col("tool_calls").fill_null(_EMPTY_CALLS), pl.lit(None, pl.String).alias("tool_call_id")))
     flat = pl.concat([main.cast(_FLAT), resp.cast(_FLAT)])
     # the system instructions, once: unless a system message already says the same
