@@ -259,3 +259,24 @@ def test_tool_results_the_user_sends_with_text_read_in_bulk_in_the_parts_order(t
     (rec,) = got.records
     assert [(m["role"], m["content"]) for m in rec["input_messages"]] == [
         ("user", "sum 2 and 3, then double"), ("assistant", None), ("tool", "5"), ("user", "now double it")]
+
+
+def test_a_compacted_history_reads_as_the_summary_the_model_saw_in_bulk_and_in_python(tmp_path):
+    """The conventions' CompactionPart (`{"type": "compaction", "content": ...}`): a
+    provider's summary in place of the turns it compacted. Dropped, the row's state
+    lost the only account of the conversation so far; it is text the model read."""
+    history = [{"role": "user", "parts": [{"type": "compaction", "id": "cmp_1",
+                                           "content": "Summary: the user wants the total of 2 and 3, doubled."}]},
+               {"role": "user", "parts": [{"type": "text", "content": "so?"}]}]
+    t = Trace("compacted")
+    root = t.span("agent", {"agent.name": "a"}, start=0, end=9)
+    attrs = genai_call("so?", "10")
+    attrs["gen_ai.input.messages"] = json.dumps(history)
+    attrs["gen_ai.conversation.compacted"] = True
+    t.span("chat m", attrs, parent=root, start=1, end=2)
+    write_spans(str(tmp_path), [t])
+    got = _same(str(tmp_path))
+    assert sum(got.python.values()) == 0
+    (rec,) = got.records
+    assert [(m["role"], m["content"]) for m in rec["input_messages"]] == [
+        ("user", "Summary: the user wants the total of 2 and 3, doubled."), ("user", "so?")]

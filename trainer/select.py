@@ -47,6 +47,7 @@ OPTIONAL = {
     "temperature": pl.Float64,
     "prompt_seen": pl.Utf8,
     "flags": pl.List(pl.Utf8),  # sft: which calls came after a tool error (trainer/algorithms/sft.py)
+    "finish_reason": pl.Utf8,
 }
 
 
@@ -204,6 +205,11 @@ def _unusable(r: dict, cfg: TrainConfig) -> str:
     out = r["output_message"]
     if out is None or (not out.get("content") and not out.get("tool_calls")):
         return "no output message (content not captured)"
+    if r.get("finish_reason") == "error":
+        # The GenAI conventions keep a failed call's partial output (a stream cut off by
+        # a timeout or a dropped connection) with finish reason `error`: half an answer,
+        # not one the model would give, however the trajectory ended.
+        return "the call failed part way (finish_reason error): its output is what came before the failure"
     if r.get("prompt_seen"):
         # The route put a candidate system prompt in front of the model (issue 27): the
         # answer was written to that prompt, the row's input_messages hold the agent's.

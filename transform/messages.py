@@ -24,6 +24,7 @@ _FINISH = {
     "function_calls": "tool_call",  # AutoGen's CreateResult
     "content_filter": "content_filter", "safety": "content_filter", "recitation": "content_filter",
     "error": "error",
+    "compaction": "compaction",  # the provider compacted the context instead of answering (the conventions, 2026)
 }
 
 
@@ -91,6 +92,12 @@ def _loads(value: Any, what: str) -> Any:
 # --- OpenTelemetry GenAI (semconv >= 1.37): messages made of typed parts ------------
 
 
+#: Parts whose content is text the model read: `compaction` is the summary a
+#: provider put in place of the turns it compacted (OpenAI's Responses API), in the
+#: GenAI conventions since their `CompactionPart`; the state is what the model saw.
+TEXT_PARTS = ("text", "compaction")
+
+
 def from_genai_message(m: Any) -> list[dict]:
     """One `{role, parts, name?}` message. A tool message answering several calls
     becomes one `tool` message per call, as chat templates expect."""
@@ -113,7 +120,7 @@ def from_genai_message(m: Any) -> list[dict]:
         if not isinstance(p, dict):
             raise MessageError("a message part must be an object")
         kind = p.get("type")
-        if kind == "text":
+        if kind in TEXT_PARTS:
             texts.append(_text(p.get("content", "")))
             first = min(first, j)
         elif kind == "tool_call":

@@ -30,7 +30,7 @@ import polars as pl
 from . import attrs as A
 from . import calls as C
 from .conventions import Call
-from .messages import MessageError, from_system_instructions, normalize_finish_reason
+from .messages import TEXT_PARTS, MessageError, from_system_instructions, normalize_finish_reason
 
 #: Keys whose value the expression path reads (exactly these, and the indexed groups below).
 GENAI_JSON = ("gen_ai.input.messages", "gen_ai.input.messages_delta", "gen_ai.output.messages",
@@ -542,7 +542,8 @@ def _genai(vals: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
          .with_columns(pl.int_ranges(pl.col("doc").list.len()).alias("g")).explode("doc", "g")
          .filter(pl.col("doc").is_not_null()).unnest("doc"))
     # shapes Python reads its own way: OpenAI-style or part-less messages, printed client objects
-    m = m.with_columns(pl.col("parts").list.eval(pl.element().struct.field("type") == "text").list.sum().alias("_nt"),
+    m = m.with_columns(pl.col("parts").list.eval(pl.element().struct.field("type").is_in(list(TEXT_PARTS))).list.sum()
+                       .alias("_nt"),
                        pl.col("parts").list.eval(pl.element().struct.field("type") == "tool_call").list.sum().alias("_nc"),
                        pl.col("parts").list.eval(pl.element().struct.field("type") == "tool_call_response").list.sum()
                        .alias("_nr"))
@@ -560,7 +561,7 @@ def _genai(vals: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
     m = m.with_columns(side)
     parts = (m.select("row", "side", "g", pl.col("parts"), pl.int_ranges(pl.col("parts").list.len()).alias("j"))
              .explode("parts", "j").filter(pl.col("parts").is_not_null()).unnest("parts"))
-    texts = parts.filter(pl.col("type") == "text").sort("row", "side", "g", "j").group_by(
+    texts = parts.filter(pl.col("type").is_in(list(TEXT_PARTS))).sort("row", "side", "g", "j").group_by(
         ["row", "side", "g"], maintain_order=True).agg(pl.col("content").fill_null("").str.join("").alias("content"))
     calls = parts.filter(pl.col("type") == "tool_call").sort("row", "side", "g", "j").group_by(
         ["row", "side", "g"], maintain_order=True).agg(
@@ -570,7 +571,7 @@ def _genai(vals: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame
         pl.coalesce("response", "result").alias("content"), pl.lit(None, pl.String).alias("name"),
         _EMPTY_CALLS.alias("tool_calls"), pl.col("id").alias("tool_call_id"))
     # the message at its first text or tool call, among its tool results (`from_genai_message`)
-    place = parts.filter(pl.col("type").is_in(["text", "tool_call"])).group_by(["row", "side", "g"]).agg(
+    place = parts.filter(pl.col("type").is_in([*TEXT_PARTS, "tool_call"])).group_by(["row", "side", "g"]).agg(
         (pl.col("j").min() + 1).cast(pl.Int64).alias("o2"))
     main = (m.select("row", "side", "g", "role", "name", "_nt", "_nc", "_nr")
             .join(texts, on=["row", "side", "g"], how="left").join(calls, on=["row", "side", "g"], how="left")
