@@ -220,3 +220,53 @@ def test_a_kept_partition_of_the_older_version_is_repooled_with_the_new_columns_
     new = pq.read_table(old)
     assert new.column("prompt_name").null_count == new.num_rows == 1
     assert new.column("schema_version").to_pylist() == ["1"] and new.column("advantage").to_pylist() == [0.25]
+
+
+# The same conversation as a client of a stateful API records it (OpenAI's Responses
+# API with `previous_response_id`, Gemini's interactions): each call sends only its new
+# items and names the response it continues (`gen_ai.request.previous_response.id`,
+# opentelemetry-util-genai's attribute); the provider puts the rest back. Made from the
+# convention's description, as the deltas above.
+NEW_ITEMS = [[U1], [T1], [U2]]
+
+
+def _continued(data, seed: str, first_known: bool = True) -> None:
+    t = Trace(seed + "cont")
+    t.span("invoke_agent weather", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather"},
+           start=0, end=10)
+    for i, (new, out) in enumerate(zip(NEW_ITEMS, OUTPUTS)):
+        a = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "m",
+             "gen_ai.system_instructions": json.dumps(SYSTEM), "gen_ai.input.messages": json.dumps(new),
+             "gen_ai.output.messages": json.dumps([out]), "gen_ai.response.id": f"resp_{seed}{i}"}
+        if i:
+            a["gen_ai.request.previous_response.id"] = f"resp_{seed}{i - 1}" if first_known or i > 1 else "resp_gone"
+        t.span("chat m", a, parent=t.spans[0].span_id, start=1 + i, end=1.5 + i)
+    t.span("reward", {"agentlightning.reward.0.value": 1.0}, parent=t.spans[0].span_id, start=9, end=9.5)
+    write_spans(str(data), [t])
+
+
+def test_calls_that_continue_a_stored_response_get_the_history_the_model_saw(tmp_path):
+    _conversation(tmp_path / "full", False, "f")
+    _continued(tmp_path / "cont", "c")
+    build(TransformConfig(data=str(tmp_path / "full"), settle=0))
+    s = build(TransformConfig(data=str(tmp_path / "cont"), settle=0))
+    full, cont = _rows(tmp_path / "full"), _rows(tmp_path / "cont")
+    assert cont["input_messages"].to_list() == full["input_messages"].to_list()
+    assert [("history_from_previous_response" in f) for f in cont["flags"].to_list()] == [False, True, True]
+    assert s.flagged["history_from_previous_response"] == 2
+
+
+def test_a_call_continuing_a_response_the_lake_lacks_is_flagged_and_not_trained_on(tmp_path):
+    from nightshift.trainer.config import TrainConfig
+    from nightshift.trainer.select import select
+
+    _continued(tmp_path, "x", first_known=False)
+    build(TransformConfig(data=str(tmp_path), settle=0))
+    rows = _rows(tmp_path)
+    flags = rows["flags"].to_list()
+    assert ["history_incomplete" in f for f in flags] == [False, True, True]  # the third continues the second
+    # as sent, but for the tool-call turn the build puts back before its result (`history_rebuilt`)
+    assert [m["content"] for m in rows["input_messages"][1]] == ["You answer about the weather.", None, "rainy, 57F"]
+    sel = select(TrainConfig(data=str(tmp_path)))
+    assert sorted(r["transition_id"] for r in sel.rows) == [rows["transition_id"][0]]
+    assert [n for why, n in sel.excluded.items() if "history_incomplete" in why] == [2]

@@ -210,6 +210,9 @@ def _unusable(r: dict, cfg: TrainConfig) -> str:
         # a timeout or a dropped connection) with finish reason `error`: half an answer,
         # not one the model would give, however the trajectory ended.
         return "the call failed part way (finish_reason error): its output is what came before the failure"
+    if "history_incomplete" in (r.get("flags") or []):
+        return ("history_incomplete: it continued a stored response the build did not find (its state lacks the "
+                "turns the provider put back)")
     if r.get("prompt_seen"):
         # The route put a candidate system prompt in front of the model (issue 27): the
         # answer was written to that prompt, the row's input_messages hold the agent's.

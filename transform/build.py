@@ -891,13 +891,15 @@ def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
     for why, n in got.python.items():
         ctx.summary.python_reader[why] += n
     conversation = call_rows["gen_ai_conversation_id"]
+    previous = C.previous_responses(call_rows)
     del call_rows
     kept = columnar.kept(got, meta, anc, ctx.counts)  # never a row whose content was guessed at
     del got
-    if columnar.needs_python(kept, root_calls):
+    if columnar.needs_python(kept, root_calls) or previous.is_not_null().any():
         records = C.dedupe(kept.records(), kept.outer, ctx.counts)
         records = C.merge_detached(records, root_calls, ctx.counts)
         C.rebuild_deltas(records, conversation.to_list())
+        C.rebuild_continuations(records, previous.to_list())
         kept = columnar.Kept(None, None, records, kept.outer)
     return kept, tokens
 

@@ -850,6 +850,61 @@ def rebuild_deltas(records: list[dict], conversation: list[str | None]) -> None:
             r["flags"].append("history_from_delta")
 
 
+#: The response a call continues (OpenAI's `previous_response_id`, Gemini's
+#: `previous_interaction_id`): the call sent only its new items, the provider the rest.
+PREVIOUS_RESPONSE = "gen_ai.request.previous_response.id"
+
+
+def previous_responses(call_rows: pl.DataFrame) -> pl.Series:
+    """Per call row, the `gen_ai.response.id` of the response it continues, or null."""
+    key = pl.element().struct.field("key")
+    return call_rows.select(pl.col("attributes").list.eval(
+        pl.element().filter(key == PREVIOUS_RESPONSE).struct.field("value").struct.field("string_value"))
+        .list.first().alias("previous")).to_series()
+
+
+def _leading_system(msgs: list[dict]) -> int:
+    n = 0
+    while n < len(msgs) and msgs[n]["role"] in ("system", "developer"):
+        n += 1
+    return n
+
+
+def rebuild_continuations(records: list[dict], previous: list[str | None]) -> None:
+    """Put back the history of the calls that continued a stored response
+    (`gen_ai.request.previous_response.id`): the model saw the continued call's
+    whole history and answer, then the new items; the span holds only the new
+    items. Each such history is the continued call's (itself rebuilt when it
+    continued another) without its instructions, its answer, then the call's own
+    messages under its own instructions, as the provider assembles it (a stored
+    response's instructions are not carried over). Rebuilt rows are flagged
+    `history_from_previous_response`; a call whose continued response is not among
+    the bucket's calls (another bucket's trace, a response made outside the lake)
+    keeps its new items and is flagged `history_incomplete`, which the trainer
+    leaves out: trained on, the answer would be learned for a state the model never saw."""
+    if not any(previous[r["_call"]] for r in records):
+        return
+    by_id = {str(r["response_id"]): r for r in records if r["response_id"]}
+    full: dict[int, list[dict] | None] = {}
+    for r in sorted(records, key=lambda r: (r["start_ns"] or 0, r["span_id"])):
+        prev = previous[r["_call"]]
+        if not prev:
+            full[id(r)] = r["input_messages"]
+            continue
+        before = by_id.get(prev)
+        history = full.get(id(before)) if before is not None and before is not r else None
+        if history is None:
+            full[id(r)] = None
+            r["flags"].append("history_incomplete")
+            continue
+        own = r["input_messages"]
+        k = _leading_system(own)
+        answer = [before["output_message"]] if before["output_message"] is not None else []
+        r["input_messages"] = own[:k] + history[_leading_system(history):] + answer + own[k:]
+        full[id(r)] = r["input_messages"]
+        r["flags"].append("history_from_previous_response")
+
+
 def events_of(df: pl.DataFrame) -> dict[tuple[str, str], list[dict]]:
     """GenAI events recorded as span events (some producers put content there)."""
     out: dict[tuple[str, str], list[dict]] = {}
