@@ -280,3 +280,18 @@ def test_a_compacted_history_reads_as_the_summary_the_model_saw_in_bulk_and_in_p
     (rec,) = got.records
     assert [(m["role"], m["content"]) for m in rec["input_messages"]] == [
         ("user", "Summary: the user wants the total of 2 and 3, doubled."), ("user", "so?")]
+
+
+def test_the_spans_finish_reasons_win_over_the_output_messages_own(tmp_path):
+    """The GenAI conventions deprecated an output message's `finish_reason` (2026, #363):
+    `gen_ai.response.finish_reasons` is the one to read; the message's only without it."""
+    t = Trace("finish")
+    root = t.span("agent", {"agent.name": "a"}, start=0, end=9)
+    both = genai_call("q", "a cut-off answer")  # its output message says `stop`
+    both["gen_ai.response.finish_reasons"] = ["length"]
+    t.span("chat m", both, parent=root, start=1, end=2)
+    t.span("chat m", genai_call("q", "a whole answer"), parent=root, start=3, end=4)  # the message's alone
+    write_spans(str(tmp_path), [t])
+    got = _same(str(tmp_path))
+    assert sum(got.python.values()) == 0
+    assert [r["finish_reason"] for r in sorted(got.records, key=lambda r: r["start_ns"])] == ["length", "stop"]

@@ -147,7 +147,8 @@ def read_genai(attrs: dict[str, Any]) -> Call | None:
                 call.finish_reason = normalize_finish_reason(raw[0].get("finish_reason"))
     except (MessageError, json.JSONDecodeError) as e:
         call.problems.append(f"output messages: {e}")
-    call.finish_reason = call.finish_reason or normalize_finish_reason(attrs.get("gen_ai.response.finish_reasons"))
+    # the span's reasons first: the conventions deprecated the output message's own (2026, #363)
+    call.finish_reason = normalize_finish_reason(attrs.get("gen_ai.response.finish_reasons")) or call.finish_reason
     tools = attrs.get("gen_ai.tool.definitions")
     if tools is not None:
         try:

@@ -330,6 +330,7 @@ def _records(meta: pl.DataFrame, feats: pl.DataFrame, vals: pl.DataFrame,
                                 ("input_tokens", INPUT_TOKEN_KEYS, C._int, pl.Int64),
                                 ("output_tokens", OUTPUT_TOKEN_KEYS, C._int, pl.Int64),
                                 ("_attr_finish", FINISH_KEYS[:2], normalize_finish_reason, pl.String),
+                                ("_genai_finish", FINISH_KEYS[:1], normalize_finish_reason, pl.String),
                                 ("_oi_finish", FINISH_KEYS[2:], normalize_finish_reason, pl.String)):
         got = df.select(first(*["v:" + k for k in ks])).to_series()
         df = df.with_columns(_per_value(got, lambda v, fn=fn: fn(_python_value(v)), dtype).alias(name))
@@ -394,8 +395,9 @@ def _finish(df: pl.DataFrame) -> pl.DataFrame:
     no_content_expected = pl.col("capture_off_key").fill_null(False) & ~pl.col("has_content_key").fill_null(False)
     layout_flag = (pl.when(~is_call & ~no_content_expected).then(pl.lit("unknown_layout"))
                    .when(no_out & no_in).then(pl.lit("content_missing")))
-    call_finish = pl.when(layout == "openinference").then(pl.coalesce("_oi_finish", "_ov_finish")).when(
-        layout.is_not_null()).then(pl.col("_call_finish"))
+    call_finish = (pl.when(layout == "openinference").then(pl.coalesce("_oi_finish", "_ov_finish"))
+                   .when(layout == "otel_genai").then(pl.coalesce("_genai_finish", "_call_finish"))  # `read_genai`
+                   .when(layout.is_not_null()).then(pl.col("_call_finish")))
     finish = pl.coalesce(call_finish, pl.col("_attr_finish"))
     has_out = has_output & ((out_calls > 0) | (out_content.fill_null("") != ""))
     inferred = finish.is_null() & has_out.fill_null(False)
