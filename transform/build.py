@@ -172,10 +172,18 @@ class Summary:
         if self.ray_idle:  # a round's tail, a worker's imports, a late process: what CPU-seconds do not show
             out.append("ray idle worker-seconds by round: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.ray_idle))
         for flag, n in sorted(self.flagged.items()):
-            out.append(f"rows flagged {flag}: {n}")
+            out.append(f"rows flagged {flag}: {n}" + _FLAG_HINTS.get(flag, ""))
         for conv, n in sorted(self.content_missing.items()):
             out.append(f"rows without content ({conv}): {n}; capture was off, turn it on with {C.CAPTURE_HINTS.get(conv, C.CAPTURE_HINTS['unknown'])}")
         return out
+
+
+#: What a user can do about a flag the summary counts, where there is something.
+_FLAG_HINTS = {
+    "history_incomplete": ("; each continued a stored response (gen_ai.request.previous_response.id) the build did "
+                           "not find, so its history is only its new items and the trainer leaves it out: with "
+                           "transform.trajectory: conversation a conversation's traces are read together"),
+}
 
 
 def _linked_components(df: pl.DataFrame) -> dict[str, str]:
