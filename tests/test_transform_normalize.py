@@ -248,17 +248,23 @@ def test_tool_results_the_user_sends_with_text_read_in_bulk_in_the_parts_order(t
                {"role": "assistant", "parts": [{"type": "tool_call", "id": "a", "name": "add", "arguments": "{\"x\": 2}"}]},
                {"role": "user", "parts": [{"type": "tool_call_response", "id": "a", "response": "5"},
                                           {"type": "text", "content": "now double it"}]}]
-    t = Trace("mixed")
+    assert _one_call_in_bulk(tmp_path, history) == [
+        ("user", "sum 2 and 3, then double"), ("assistant", None), ("tool", "5"), ("user", "now double it")]
+
+
+def _one_call_in_bulk(tmp_path, history: list[dict], **attrs) -> list[tuple[str, str | None]]:
+    """One call with this input, read in bulk (no call left to Python) and the same as
+    call by call: its input messages' roles and contents."""
+    t = Trace("one")
     root = t.span("agent", {"agent.name": "a"}, start=0, end=9)
-    attrs = genai_call("go on", "10")
-    attrs["gen_ai.input.messages"] = json.dumps(history)
-    t.span("chat m", attrs, parent=root, start=1, end=2)
+    a = genai_call("go on", "10") | attrs
+    a["gen_ai.input.messages"] = json.dumps(history)
+    t.span("chat m", a, parent=root, start=1, end=2)
     write_spans(str(tmp_path), [t])
     got = _same(str(tmp_path))
     assert sum(got.python.values()) == 0
     (rec,) = got.records
-    assert [(m["role"], m["content"]) for m in rec["input_messages"]] == [
-        ("user", "sum 2 and 3, then double"), ("assistant", None), ("tool", "5"), ("user", "now double it")]
+    return [(m["role"], m["content"]) for m in rec["input_messages"]]
 
 
 def test_a_compacted_history_reads_as_the_summary_the_model_saw_in_bulk_and_in_python(tmp_path):
@@ -268,17 +274,7 @@ def test_a_compacted_history_reads_as_the_summary_the_model_saw_in_bulk_and_in_p
     history = [{"role": "user", "parts": [{"type": "compaction", "id": "cmp_1",
                                            "content": "Summary: the user wants the total of 2 and 3, doubled."}]},
                {"role": "user", "parts": [{"type": "text", "content": "so?"}]}]
-    t = Trace("compacted")
-    root = t.span("agent", {"agent.name": "a"}, start=0, end=9)
-    attrs = genai_call("so?", "10")
-    attrs["gen_ai.input.messages"] = json.dumps(history)
-    attrs["gen_ai.conversation.compacted"] = True
-    t.span("chat m", attrs, parent=root, start=1, end=2)
-    write_spans(str(tmp_path), [t])
-    got = _same(str(tmp_path))
-    assert sum(got.python.values()) == 0
-    (rec,) = got.records
-    assert [(m["role"], m["content"]) for m in rec["input_messages"]] == [
+    assert _one_call_in_bulk(tmp_path, history, **{"gen_ai.conversation.compacted": True}) == [
         ("user", "Summary: the user wants the total of 2 and 3, doubled."), ("user", "so?")]
 
 
