@@ -171,7 +171,7 @@ def _partitions(fs, base: str, leftovers: list[str]) -> dict[str, list[dict]]:
             dt.date.fromisoformat(date)
         except ValueError:
             raise NotADate(f"{entry['name']}: a partition whose name is not a date YYYY-MM-DD; rename or remove "
-                                 "it, nothing was pruned") from None
+                           "it, nothing was pruned") from None
         listed = [f for f in fs.ls(entry["name"], detail=True) if f["type"] == "file"]
         out[date] = [f for f in listed if f["name"].endswith(layout.SUFFIX)]
         leftovers += [f["name"] for f in listed if f["name"].endswith(TMP)]
