@@ -4,11 +4,9 @@
 the proposer read, the proposer's model and settings, the meta-prompt files' hashes.
 
 A version exists once its manifest does, and the manifest is written last
-(trainer/checkpoint.py's pattern): locally the folder is built under a temporary
-name beside its place, synced, and renamed into place (two runs never share a
-number: the rename fails for the second, which takes the next); on an object
-store every other file is uploaded first. A reader never sees half a candidate;
-a killed run leaves a `.tmp-*` folder that the next one removes.
+(`storage.versions`, as the trainer's checkpoints are): two runs never share a
+number, a reader never sees half a candidate, and a killed run leaves a `.tmp-*`
+folder that the next one removes.
 
 After the commit only `screen.json` (the screening result) is added to a version,
 written whole; the manifest never changes.
@@ -16,23 +14,19 @@ written whole; the manifest never changes.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import fsspec
 
-from nightshift.storage import fsync, fsync_tree, write_atomic
-
-VERSION_RE = re.compile(r"^v(\d{4,})$")
-MANIFEST = "manifest.json"
+from nightshift.storage import versions as stored
+from nightshift.storage import write_atomic
+from nightshift.storage.versions import MANIFEST, VERSION_RE, is_local  # noqa: F401  (this store's names for them)
 SCREEN = "screen.json"
 
 
@@ -42,10 +36,6 @@ class StoreError(OSError):
 
 def _fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     return fsspec.core.url_to_fs(url, **(storage_options or {}))
-
-
-def is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
 
 
 def agent_folder(agent: str) -> str:
@@ -79,22 +69,7 @@ class Candidate:
 
 def versions(root: str, storage_options: dict | None = None) -> list[str]:
     """Committed versions in an agent's folder, oldest first."""
-    fs, path = _fs(root, storage_options)
-    if not fs.exists(path):
-        return []
-    found = []
-    for entry in fs.ls(path, detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if VERSION_RE.match(name) and fs.exists(f"{path.rstrip('/')}/{name}/{MANIFEST}"):
-            found.append(name)
-    return sorted(found, key=lambda v: int(v[1:]))
-
-
-def _next(root: str, storage_options: dict | None) -> str:
-    fs, path = _fs(root, storage_options)
-    taken = [int(m.group(1)) for e in (fs.ls(path, detail=False) if fs.exists(path) else [])
-             if (m := VERSION_RE.match(e.rstrip("/").rsplit("/", 1)[-1]))]
-    return f"v{(max(taken) + 1 if taken else 1):04d}"
+    return stored.versions(root, storage_options)
 
 
 def _read_json(fs, path: str) -> dict | None:
@@ -123,13 +98,10 @@ def candidates(store: str, agent: str, storage_options: dict | None = None) -> l
 
 
 def _stage(files: dict[str, str], root: str) -> Path:
-    base = Path(root.removeprefix("file://")) if is_local(root) else Path(tempfile.gettempdir())
     try:
-        base.mkdir(parents=True, exist_ok=True)
+        d = stored.staging_dir(root, Path(tempfile.gettempdir()))
     except OSError as e:
-        raise StoreError(f"cannot create the candidate folder {base}: {e.strerror}") from None
-    d = base / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    d.mkdir()
+        raise StoreError(f"cannot create the candidate folder under {root}: {e.strerror}") from None
     for rel, text in files.items():
         p = d / rel
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -142,36 +114,15 @@ def commit(store: str, agent: str, files: dict[str, str], manifest: dict,
     """Store one candidate under the agent's next free version, manifest last."""
     root = agent_root(store, agent)
     staged = _stage(files, root)
+    manifest = {**manifest, "agent": agent}
     try:
-        for _ in range(100):
-            version = _next(root, storage_options)
-            manifest = {**manifest, "version": version, "agent": agent,
-                        "created": manifest.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-            manifest["files"] = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in files.items()}
-            (staged / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False),
-                                           encoding="utf-8")
-            if is_local(root):
-                fsync_tree(staged)
-                final = Path(root.removeprefix("file://")) / version
-                try:
-                    os.rename(staged, final)  # an existing version folder: another run took it
-                except OSError:
-                    continue
-                fsync(final.parent)
-                return Candidate(version, str(final), manifest)
-            fs, path = _fs(root, storage_options)
-            target = f"{path.rstrip('/')}/{version}"
-            if fs.exists(target):
-                continue
-            for p in sorted(staged.rglob("*")):
-                if p.is_file() and p.name != MANIFEST:
-                    fs.put_file(str(p), f"{target}/{p.relative_to(staged).as_posix()}")
-            fs.put_file(str(staged / MANIFEST), f"{target}/{MANIFEST}")
-            return Candidate(version, f"{root.rstrip('/')}/{version}", manifest)
-        raise StoreError(f"could not find a free version under {root}")
+        version, path = stored.commit(staged, manifest, root, storage_options)
+    except RuntimeError as e:
+        raise StoreError(str(e)) from None
     finally:
         if staged.exists():
             shutil.rmtree(staged, ignore_errors=True)
+    return Candidate(version, path, manifest)
 
 
 def write_screen(candidate: Candidate, result: dict, storage_options: dict | None = None) -> None:
@@ -183,18 +134,4 @@ def write_screen(candidate: Candidate, result: dict, storage_options: dict | Non
 def clean_stale(store: str, agent: str) -> int:
     """Remove temporary folders that killed runs left (local stores; a folder whose
     process is alive belongs to a run still going)."""
-    root = agent_root(store, agent)
-    if not is_local(root):
-        return 0
-    removed = 0
-    for d in Path(root.removeprefix("file://")).glob(".tmp-*"):
-        try:
-            os.kill(int(d.name.split("-")[1]), 0)
-            continue
-        except (ValueError, IndexError, ProcessLookupError):
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        removed += 1
-    return removed
+    return stored.clean_stale(agent_root(store, agent))
