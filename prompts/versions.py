@@ -170,9 +170,15 @@ def assign(rows: pl.DataFrame, candidates: dict[str, PromptVersion] | None = Non
     (`candidates`: the routed candidates' versions, when the caller read them)."""
     if "prompt_seen" not in rows.columns:
         rows = rows.with_columns(pl.lit(None, pl.String).alias("prompt_seen"))
-    rows = rows.with_columns(pl.col("system").list.join(_SEP).alias("syskey"), pl.col("tools").fill_null(""))
-    distinct = (rows.filter(pl.col("content")).group_by("agent", "syskey", "tools")
-                .agg(pl.len().alias("n"), pl.col("system").first()))
+    if "syskey" not in rows.columns:  # every row with its texts (a caller's own frame): keyed here
+        rows = rows.with_columns(*lake.keys_expr())
+    keys = ["agent", "syskey", "toolkey"]
+    sent = rows.filter(pl.col("content"))
+    # the texts once per key: on its first row in `lake.calls`' rows, on every row in a full frame
+    distinct = (sent.group_by(keys).len("n")
+                .join(sent.filter(pl.col("system").is_not_null()).group_by(keys)
+                      .agg(pl.col("system").first(), pl.col("tools").first().fill_null("")), on=keys, how="left")
+                .sort(keys))
     texts: dict[tuple[str, int], Counter] = defaultdict(Counter)
     norm: dict[str, str] = {}  # each distinct text normalized once: the patterns are the cost here
     for r in distinct.iter_rows(named=True):
@@ -194,8 +200,8 @@ def assign(rows: pl.DataFrame, candidates: dict[str, PromptVersion] | None = Non
         v = made[key]
         versions[v.id] = v
         ids.append(v.id)
-    mapping = distinct.select("agent", "syskey", "tools").with_columns(pl.Series("version", ids, pl.String))
-    out = rows.join(mapping, on=["agent", "syskey", "tools"], how="left", nulls_equal=True)
+    mapping = distinct.select(keys).with_columns(pl.Series("version", ids, pl.String))
+    out = rows.join(mapping, on=keys, how="left", nulls_equal=True)
     out = out.with_columns(pl.when(pl.col("content")).then(pl.col("version")).alias("sent"))
     out = out.with_columns(pl.coalesce("prompt_seen", "sent").alias("version"))
     for vid in out["prompt_seen"].drop_nulls().unique().to_list():
@@ -235,18 +241,23 @@ def by_agent(data: str, since: str = "", storage_options: dict | None = None, *,
         users[v].add(a)
     out = []
     agents = sorted(rows["agent"].unique().to_list()) if agent is None else [agent]
+    # split once (a filter per agent and version read every row each time: agents x rows)
+    by_name = rows.select("agent", "version", "sent", "start_time", "step", "syskey", "model").partition_by(
+        "agent", as_dict=True)
+    trajs = firsts.partition_by("agent", "version", as_dict=True)
+    no_trajs = firsts.clear()
     for name in agents:
-        mine = rows.filter(pl.col("agent") == name)
-        if not mine.height:
+        mine = by_name.get((name,))
+        if mine is None or not mine.height:
             continue
         have = mine.filter(pl.col("version").is_not_null())
         sent = mine.filter(pl.col("sent").is_not_null())
         newest = sent.sort("start_time", "step", nulls_last=False).tail(1) if sent.height else None
+        per_version = have.partition_by("version", as_dict=True)
         stats = []
         for vid in have.group_by("version").agg(pl.col("start_time").min().alias("t")).sort("t", "version")["version"]:
-            vc = have.filter(pl.col("version") == vid)
-            s = _stats(name, versions[vid], vc, firsts.filter((pl.col("agent") == name) & (pl.col("version") == vid)),
-                       min_trajectories)
+            vc = per_version[(vid,)]
+            s = _stats(name, versions[vid], vc, trajs.get((name, vid), no_trajs), min_trajectories)
             s.names = recorded.get(vid, [])
             s.shared_with = sorted(users[vid] - {name})
             s.current = newest is not None and newest["sent"][0] == vid

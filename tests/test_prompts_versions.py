@@ -150,6 +150,44 @@ def test_a_prompt_name_and_version_recorded_on_the_call_span_is_shown(tmp_path):
     assert "recorded as support@3" in "\n".join(lines(by_agent(str(tmp_path))))
 
 
+def test_names_from_every_recording_instrumentation_and_only_of_the_calls_listed(tmp_path):
+    # Langfuse records its version as an integer, OpenInference as text; a tool span naming a
+    # prompt is no call, and its name must not reach a version (the reader reads only the row
+    # groups where a listed call's span has one of the keys)
+    traces = []
+    for k, attrs in enumerate([{"langfuse.observation.prompt.name": "triage", "langfuse.observation.prompt.version": 7},
+                               {"llm.prompt_template.version": "v2"}]):
+        t = Trace(seed=f"named-elsewhere{k}")
+        root = t.span("invoke_agent helper", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper"})
+        a = genai_call("hi", "hello", history=[{"role": "system", "parts": [{"type": "text", "content": f"Prompt {k}."}]}])
+        t.span("chat m1", {**a, **attrs}, parent=root)
+        t.span("execute_tool lookup", {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup",
+                                       "gen_ai.prompt.name": "not-a-call"}, parent=root)
+        traces.append(t)
+    write_spans(str(tmp_path), traces)
+    build(TransformConfig(data=str(tmp_path), settle=0))
+    a = by_agent(str(tmp_path)).agent("helper")
+    assert sorted(n for v in a.versions for n in v.names) == ["?@v2", "triage@7"]
+
+
+def test_the_lean_rows_name_every_call_as_a_frame_with_each_calls_texts_does(tmp_path):
+    # `lake.calls` carries a prompt's text on the first call that sent it only; a frame
+    # with the texts on every row (as callers may build one) must give each call the same version
+    from nightshift.prompts import lake
+    from nightshift.prompts.versions import assign
+
+    write(tmp_path, _world([1.0, 0.0] * 4) + _world([0.0, 1.0, None], agent="other", prompt="Be brief.", start=20)
+          + _world([1.0] * 3, tools=[{"type": "function", "function": {"name": "lookup"}}], start=40))
+    lean = lake.calls(str(tmp_path))
+    assert lean["system"].is_not_null().sum() < lean.height  # the texts are not on every row
+    full = lake._scan(str(tmp_path), "transitions", None).with_columns(lake.agent_expr()).select(
+        "transition_id", "trajectory_id", "trace_id", "span_id", "step", "agent", lake.system_expr(), "tools",
+        pl.lit(True).alias("content"), "model", "reward", "start_time", "prompt_seen").collect()
+    got = {mode: assign(rows)[0].select("transition_id", "version").sort("transition_id")
+           for mode, rows in (("lean", lean), ("full", full))}
+    assert got["lean"].equals(got["full"]) and got["lean"]["version"].n_unique() == 3
+
+
 def test_cli_lists_versions_as_json_and_says_what_is_missing(tmp_path, capsys):
     write(tmp_path, _world([1.0, 0.0, 1.0]))
     assert main(["prompts", "--data", str(tmp_path), "--json"]) == 0
