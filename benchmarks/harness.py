@@ -266,6 +266,21 @@ class Report:
             print("\n".join(self.lines), flush=True)
 
 
+def measured(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
+    """wait4's own figures for one child: CPU (user + sys) and peak RSS. Started by
+    Popen (vfork: a fork would count this process's pages, the setup's tables, as
+    the child's until it execs) and reaped here, not by Popen. Returns (wall s, CPU s,
+    peak RSS MiB, stdout)."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out, err = p.stdout.read(), p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}: {err.decode().strip()[-2000:]}")
+    return time.perf_counter() - t, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, out.decode()
+
+
 # --------------------------------------------------------------------------------------
 # A run's temp dir and SIGTERM
 # --------------------------------------------------------------------------------------

@@ -35,13 +35,12 @@ import datetime as dt
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import harness  # noqa: E402
-from harness import Target, log  # noqa: E402
+from harness import Target, log, measured  # noqa: E402
 
 T_RSS = Target("<=", 512, "512 MiB (the build's memory_budget)", "peak RSS")
 T_CPU = Target("<=", 0.1, "0.1x a full build of the same lake", "prune CPU")
@@ -95,20 +94,6 @@ def add_crossing(lake: Path, first: str, later: list[str], n: int) -> int:
         pq.write_table(table, tmp, compression=codec, row_group_size=group)
         os.replace(tmp, big)
     return len(chosen)
-
-
-def measured(cmd: list[str]) -> tuple[float, float, float, str]:
-    """wait4's own figures for one child: CPU (user + sys) and peak RSS. Started by
-    Popen (vfork: a fork would count this process's pages, the setup's tables, as
-    the child's until it execs) and reaped here, not by Popen."""
-    t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = p.stdout.read(), p.stderr.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode:
-        raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}: {err.decode().strip()[-2000:]}")
-    return time.perf_counter() - t, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, out.decode()
 
 
 READ = """

@@ -15,7 +15,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 #: The scripts moved onto the harness (issue 17).
-SCRIPTS = ("ingest", "transform", "train_gpu", "publish", "learning", "peer_agl", "peer_phoenix", "route")
+SCRIPTS = ("ingest", "transform", "train_gpu", "publish", "learning", "peer_agl", "peer_phoenix", "route", "upkeep", "prompts")
 
 
 def _load(name: str):
