@@ -160,10 +160,8 @@ def prompt_names(data: str, span_ids: list[str] | pl.Series, storage_options: di
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             key_leaf = [c.path for c in pf.schema if c.path.startswith("attributes.") and c.path.endswith(".key")]
-            for rg in range(pf.num_row_groups):
-                head = pl.from_arrow(pf.read_row_group(rg, columns=["span_id", *key_leaf[:1]]))
-                if not key_leaf:
-                    continue
+            for rg in range(pf.num_row_groups if key_leaf else 0):
+                head = pl.from_arrow(pf.read_row_group(rg, columns=["span_id", key_leaf[0]]))
                 named = head.with_row_index("_i").filter(
                     pl.col("attributes").list.eval(pl.element().struct.field("key").is_in(keys)).list.any())
                 if named.height:  # (a set of ids as large as the lake's calls: tested only where a key is)
