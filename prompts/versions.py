@@ -40,7 +40,6 @@ from . import lake
 
 #: Fewer rated trajectories than this and a version gets no interval, only a count.
 MIN_TRAJECTORIES = 30
-_SEP = "\x1e"
 
 
 def interval(values: list[float], binary: bool) -> tuple[float, float]:
