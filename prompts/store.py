@@ -26,7 +26,7 @@ import fsspec
 
 from nightshift.storage import versions as stored
 from nightshift.storage import write_atomic
-from nightshift.storage.versions import MANIFEST, VERSION_RE, is_local  # noqa: F401  (this store's names for them)
+from nightshift.storage.versions import MANIFEST, is_local  # noqa: F401  (is_local: this store's name for it)
 SCREEN = "screen.json"
 
 

@@ -18,11 +18,9 @@ import fsspec
 from nightshift.storage import versions as versions_store
 from nightshift.storage.versions import (  # noqa: F401  (the trainer's names for them, used across stages)
     MANIFEST,
-    VERSION_RE,
     clean_stale,
     file_hashes,
     is_local,
-    next_version,
     staging_dir,
     versions,
 )
