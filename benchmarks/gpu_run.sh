@@ -2,7 +2,9 @@
 # Issue 25's GPU measurements in one command on a lent GPU machine (one H100/H200,
 # Python 3.12, torch 2.11+cu130, no network, $OUT comes back; ../shared/gpu/README.md):
 #
-#   bash ../shared/gpu/prepare.sh            # here, once: the wheels the GPU image lacks, into .whl/
+#   bash ../shared/gpu/prepare.sh $(cat benchmarks/gpu_extra_wheels.txt)   # here, once: the wheels the
+#        GPU image lacks, into .whl/ (the extras: what tests/traces.py and the collector import,
+#        so that tests/test_trainer_cli.py collects there too)
 #   DRY_RUN=1 bash benchmarks/gpu_run.sh     # here: every part at tiny size on the CPU
 #   then, through the device tool:  command "bash benchmarks/gpu_run.sh", carry [".whl"], timeout_s 600
 #
@@ -67,7 +69,7 @@ else
   PY=python3
   BENCH_TINY=""
   KERNELS_TINY=""
-  [ -d .whl ] || { echo "no .whl/ here: run ../shared/gpu/prepare.sh on the CPU machine and carry .whl" >&2; exit 9; }
+  [ -d .whl ] || { echo "no .whl/ here: run ../shared/gpu/prepare.sh \$(cat benchmarks/gpu_extra_wheels.txt) on the CPU machine and carry .whl" >&2; exit 9; }
   t0=$(date +%s)
   if ! { timeout 150 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
          && timeout 120 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/ns . ; } > "$OUT/install.log" 2>&1; then
