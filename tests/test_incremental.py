@@ -101,6 +101,32 @@ class Traj:
     session: str | None
     rooted: bool  # its root span ends (else it settles only after six settle windows)
     late: list[float] = field(default_factory=list)  # offsets (s) of calls that arrive later
+    #: its calls' history is in another trace: ("continue", the response its first call
+    #: continues or None) with each call continuing the one before, as OpenAI's stateful
+    #: API records it; ("delta", whether an earlier trace of its conversation came first)
+    #: with each call sending only its conversation's new messages (`session` names it)
+    chained: tuple[str, object] | None = None
+
+    def response(self, i: int) -> str:
+        return f"resp-{self.seed}-{i}"
+
+    def _call(self, i: int) -> dict:
+        a = genai_call(self.task if i == 0 else f"{self.task} {i}", f"a{i}")
+        if self.chained is None:
+            return a
+        how, before = self.chained
+        a["gen_ai.response.id"] = self.response(i)
+        user = json.loads(a["gen_ai.input.messages"])
+        if how == "continue":
+            a["gen_ai.input.messages"] = json.dumps(user)
+            previous = self.response(i - 1) if i else before
+            if previous:
+                a["gen_ai.request.previous_response.id"] = previous
+        else:  # the answer before it (this trace's last call's, or an earlier trace's) then the user's turn
+            answer = [{"role": "assistant", "parts": [{"type": "text", "content": f"a{i - 1}" if i else "earlier"}]}]
+            a["gen_ai.input.messages_delta"] = json.dumps((answer if i or before else []) + user)
+            del a["gen_ai.input.messages"]
+        return a
 
     def trace(self, which: str) -> Trace:
         """'early': what arrives first (root, calls, reward); 'late:i': late call i."""
@@ -110,7 +136,7 @@ class Traj:
                       start=off, end=off + 30 if self.rooted else None)
         attrs = {"gen_ai.conversation.id": self.session} if self.session else {}
         for i in range(self.calls):
-            t.span("chat m1", {**genai_call(self.task if i == 0 else f"{self.task} {i}", f"a{i}"), **attrs}, parent=root,
+            t.span("chat m1", {**self._call(i), **attrs}, parent=root,
                    start=off + 1 + 2 * i, end=off + 2 + 2 * i)
         if self.reward is not None:
             t.span("agentlightning.annotation", {"agentlightning.reward.0.name": "primary",
@@ -137,9 +163,13 @@ class History:
     feedback_files: list[str] = field(default_factory=list)
     batches: int = 0
     log: list[str] = field(default_factory=list)
+    #: some trajectories continue others' calls (`Traj.chained`), drawn from a numbers
+    #: stream of their own: without it a history draws the same numbers as it always did
+    chains: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.chain_rng = random.Random(f"chains-{self.seed}")
         self.clock = MIDNIGHT + self.rng.randrange(0, DAY)
         self.data = self.root / "data"
         self.data.mkdir(parents=True)
@@ -169,11 +199,26 @@ class History:
             t = Traj(f"h{self.seed}-t{len(self.trajs)}", start, r.choice(["task a", "task b", "task c"]),
                      r.randint(1, 3), r.choice([None, 0.0, 0.5, 1.0]), r.choice([None, None, "s1", "s2"]),
                      r.random() < 0.85, late)
+            if self.chains:
+                self.chain(t)
             self.trajs.append(t)
             self.pending += [(t, i) for i in range(len(late))]
             new.append(t)
         self.send([t.trace("early") for t in new])
         self.log.append(f"arrive {[(t.seed, t.start, t.calls, t.rooted, t.late) for t in new]} at {self.clock}")
+
+    def chain(self, t: Traj) -> None:
+        """Make `t` continue an earlier trajectory's calls, often one of another day."""
+        c = self.chain_rng
+        how = c.choice(["continue", "continue", "delta", None])
+        if how == "continue":
+            earlier = [e for e in self.trajs if e is not t and e.chained and e.chained[0] == "continue"]
+            before = c.choice(earlier).response(c.choice(earlier).calls - 1) if earlier and c.random() < 0.8 else (
+                "resp-made-outside" if c.random() < 0.3 else None)
+            t.chained = ("continue", before)
+        elif how == "delta":
+            t.session = c.choice(["d1", "d2"])
+            t.chained = ("delta", any(e.session == t.session for e in self.trajs if e is not t))
 
     def late(self) -> None:
         t, i = self.pending.pop(self.rng.randrange(len(self.pending)))
@@ -263,13 +308,14 @@ def crash_at(monkeypatch, point: int) -> None:
     return undo
 
 
-def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None) -> None:
+def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None, chains: bool = False) -> None:
     """A first arrival and build (no state yet: a full one), then `rounds` rounds of one
     to four events and an incremental build (now and then crashing, then run again),
     each compared with a full build. `upkeep(h, before_build)`, when given, acts on
     the lake after each event and before each build (test_retention.py: prunes and
-    compactions); without it a history draws the same numbers as it always did."""
-    h = History(seed, root)
+    compactions); without it a history draws the same numbers as it always did.
+    `chains`: some trajectories continue others' calls (`Traj.chained`)."""
+    h = History(seed, root, chains=chains)
     h.arrive()
     for step in range(rounds + 1):
         for _ in range(h.rng.randint(1, 4) if step else 0):
@@ -314,6 +360,16 @@ def test_incremental_equals_full_over_generated_histories(tmp_path, monkeypatch,
     """A quarter of the histories each, so one that fails says where, soon."""
     for seed in range(FIRST + block, FIRST + HISTORIES, 4):
         play(seed, tmp_path / f"h{seed}", monkeypatch, rounds=2)
+        shutil.rmtree(tmp_path / f"h{seed}")
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_incremental_equals_full_where_traces_continue_each_others_calls(tmp_path, monkeypatch, block):
+    """Histories where calls continue stored responses of other traces and
+    conversations send deltas across traces, often across days and buckets: a
+    history is carried within a day only, in every build (`transform.chains`)."""
+    for seed in range(FIRST + block, FIRST + HISTORIES // 4, 2):
+        play(seed, tmp_path / f"h{seed}", monkeypatch, rounds=2, chains=True)
         shutil.rmtree(tmp_path / f"h{seed}")
 
 

@@ -87,11 +87,14 @@ def cfg(data, engine: str, **kw):
     return c
 
 
-def test_ray_builds_the_rows_one_process_builds_full_and_incremental(tmp_path, cluster):
+@pytest.mark.parametrize("seed,chains", [(7, False), (6, True)])
+def test_ray_builds_the_rows_one_process_builds_full_and_incremental(tmp_path, cluster, seed, chains):
     """A generated history (test_incremental's): trajectories arriving, late spans,
     feedback, the clock moving; after each step both folders build incrementally
-    (the first build is a full one: no state yet), one in this process, one on Ray."""
-    h = History(7, tmp_path / "h")
+    (the first build is a full one: no state yet), one in this process, one on Ray.
+    With `chains`, some calls continue other traces' (`transform.chains`): the split's
+    tasks on Ray bucket each group as one, as this process does."""
+    h = History(seed, tmp_path / "h", chains=chains)
     for _ in range(3):
         h.arrive()
     on_ray = mirror(h.data, tmp_path / "ray")
@@ -107,6 +110,9 @@ def test_ray_builds_the_rows_one_process_builds_full_and_incremental(tmp_path, c
         same(h.data, on_ray)
         h.clock += int(SETTLE) * S
     assert local.transitions and "rebuilding" in local.incremental  # the last one was incremental, and built rows
+    if chains:
+        flags = {f for fs in pl.read_parquet(f"{on_ray}/transitions", hive_partitioning=True)["flags"].to_list() for f in fs}
+        assert {"history_from_previous_response", "history_from_delta"} <= flags
 
 
 def test_a_worker_killed_mid_bucket_is_retried_and_nothing_half_written(tmp_path, cluster):

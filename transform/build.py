@@ -38,7 +38,7 @@ from nightshift.schemas import spans as spans_schema
 
 from . import attrs as A
 from . import calls as C
-from . import attribution, columnar, credit, distributed, incremental, normalize, output, pool, spill
+from . import attribution, chains, columnar, credit, distributed, incremental, normalize, output, pool, spill
 from . import stream as stream_
 from .config import TransformConfig
 from .rewards import Observation, Trajectory, call_function, from_span, load_function, outcome
@@ -195,19 +195,7 @@ def _linked_components(df: pl.DataFrame) -> dict[str, str]:
     pairs = (df.select("trace_id", "links").filter(pl.col("links").list.len() > 0).explode("links")
              .select("trace_id", pl.col("links").struct.field("trace_id").alias("other"))
              .filter(pl.col("other").is_not_null() & (pl.col("other") != pl.col("trace_id"))).unique())
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.get(x, x) != x:
-            parent[x] = parent.get(parent[x], parent[x])
-            x = parent[x]
-        return x
-
-    for a, b in pairs.iter_rows():
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    return {t: find(t) for t in list(parent)}
+    return chains.components(pairs.iter_rows())
 
 
 def _day(value: str, what: str) -> dt.date | None:
@@ -330,12 +318,14 @@ def _read(fs, sources: list[_Source], columns: list[str], bad: list[str] | None 
     return pl.from_arrow(pa.concat_tables(tables, promote_options="default"))
 
 
-def _bucket_of(trace: pl.Expr, buckets: int) -> pl.Expr:
-    return (trace.hash(seed=7) % buckets).cast(pl.Int64)
+def _bucket_of(trace: pl.Expr, buckets: int, groups: dict[str, str] | None = None) -> pl.Expr:
+    """A trace's bucket: of its group's first trace where it has one (`chains`)."""
+    return (chains.bucket_key(trace, groups).hash(seed=7) % buckets).cast(pl.Int64)
 
 
 def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, bad: list[str],
-           tag: str = "", columns: list[str] | None = None, dataset: str = layout.SPANS) -> list[str]:
+           tag: str = "", columns: list[str] | None = None, dataset: str = layout.SPANS,
+           groups: dict[str, str] | None = None) -> list[str]:
     """First pass when the window exceeds the budget: each span file's rows go to
     the bucket file of their trace (only the columns the build reads), read in
     batches of about `batch_bytes` decompressed, so this pass is bounded too.
@@ -355,7 +345,7 @@ def _split(fs, files: list[_Source], buckets: int, tmp: str, batch_bytes: int, b
             table = held.pop(0)
             # one take into bucket order, then zero-copy slices: the rows stay
             # in Arrow (a round trip through Polars copied every prompt twice)
-            b = pl.from_arrow(table.column("trace_id")).to_frame("t").select(_bucket_of(pl.col("t"), buckets))
+            b = pl.from_arrow(table.column("trace_id")).to_frame("t").select(_bucket_of(pl.col("t"), buckets, groups))
             order = b.with_row_index("i").sort("t", maintain_order=True)
             counts = order.group_by("t", maintain_order=True).len()
             table = table.take(order["i"].to_arrow())
@@ -418,7 +408,7 @@ def _enough_files(n: int) -> None:
 
 
 def _streamed(fs, reads: list[_Source], logs: list[_Source], sizes: dict[str, list[int] | None], buckets: int,
-              engine: distributed.Engine, cfg: TransformConfig) -> stream_.Stream | None:
+              engine: distributed.Engine, cfg: TransformConfig, groups: dict[str, str]) -> stream_.Stream | None:
     """The buckets as a stream of the span files (`stream`), where one can be: a build
     in this process (Ray's tasks each read their own bucket), the bucket count the
     budget's (a count asked for keeps the split's buckets and their rows' order), no
@@ -426,7 +416,7 @@ def _streamed(fs, reads: list[_Source], logs: list[_Source], sizes: dict[str, li
     if (buckets < 2 or engine.remote or cfg.build.buckets or logs
             or any(src.only is not None or src.groups is not None for src in reads)):
         return None
-    got = stream_.plan(fs, [src.path for src in reads], sizes, buckets)
+    got = stream_.plan(fs, [src.path for src in reads], sizes, buckets, groups)
     if got is None:
         return None
     return stream_.Stream(got, reads, lambda src, bad: _numbered_groups(fs, src, SPAN_COLUMNS, bad))
@@ -615,6 +605,7 @@ class _SplitJob:
     data: str = ""
     storage_options: dict = field(default_factory=dict)
     logs: list[_Source] = field(default_factory=list)  # log files split the same way, by trace
+    groups: dict[str, str] = field(default_factory=dict)  # trace -> the trace it is bucketed with (`chains`)
 
 
 def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], dict[int, str], list[str]]:
@@ -622,9 +613,10 @@ def split_files(job: _SplitJob, shared: object = None) -> tuple[dict[int, str], 
     records, and what could not be read."""
     fs, _ = fsspec.core.url_to_fs(job.data, **job.storage_options)
     bad: list[str] = []
-    spans = _split(fs, job.sources, job.buckets, job.scratch, job.batch_bytes, bad, tag=f"-{job.index:05d}")
+    spans = _split(fs, job.sources, job.buckets, job.scratch, job.batch_bytes, bad, tag=f"-{job.index:05d}",
+                   groups=job.groups)
     logs = _split(fs, job.logs, job.buckets, job.scratch, job.batch_bytes, [], tag=f"-logs-{job.index:05d}",
-                  columns=list(layout.needs(layout.LOGS, READER)), dataset=layout.LOGS)
+                  columns=list(layout.needs(layout.LOGS, READER)), dataset=layout.LOGS, groups=job.groups)
     return {b: p for b, p in enumerate(spans) if p}, {b: p for b, p in enumerate(logs) if p}, bad
 
 
@@ -826,7 +818,7 @@ def process(df: pl.DataFrame, ctx: _Ctx) -> tuple[pl.DataFrame | None, pl.DataFr
     root_calls = set(df.filter(cls["is_call"] & pl.col("parent_span_id").is_null())["span_id"].to_list())
     call_rows = df.filter(cls["is_call"]).drop("parent_span_id", "name", strict=False)
     del df  # the bucket's spans: only the calls and reward carriers are still needed
-    kept, tokens = _normalize(call_rows, anc, root_calls, ctx)
+    kept, tokens = _normalize(call_rows, anc, root_calls, ctx, traces)
     rows, frame = _assign_credit(kept, traces, _span_rewards(carriers, ctx), ctx)
     parts = ([_dict_frame(rows)] if rows else []) + ([frame] if frame is not None and frame.height else [])
     return (pl.concat(parts) if parts else None), tokens
@@ -880,7 +872,7 @@ def _traces(df: pl.DataFrame, cls: pl.DataFrame, cfg: TransformConfig) -> _Trace
 
 
 def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
-               ctx: _Ctx) -> tuple[columnar.Kept, pl.DataFrame]:
+               ctx: _Ctx, traces: _Traces) -> tuple[columnar.Kept, pl.DataFrame]:
     """One record per call, whatever its instrumentation's layout, with its agent;
     double-recorded calls merged. The records the expressions read stay frames unless
     the bucket has calls recorded twice or histories sent as deltas (then every
@@ -900,14 +892,17 @@ def _normalize(call_rows: pl.DataFrame, anc: pl.DataFrame, root_calls: set[str],
         ctx.summary.python_reader[why] += n
     conversation = call_rows["gen_ai_conversation_id"]
     previous = C.previous_responses(call_rows)
+    trace_ids = call_rows["trace_id"]
     del call_rows
     kept = columnar.kept(got, meta, anc, ctx.counts)  # never a row whose content was guessed at
     del got
     if columnar.needs_python(kept, root_calls) or previous.is_not_null().any():
         records = C.dedupe(kept.records(), kept.outer, ctx.counts)
         records = C.merge_detached(records, root_calls, ctx.counts)
-        C.rebuild_deltas(records, conversation.to_list())
-        C.rebuild_continuations(records, previous.to_list())
+        day_of = _days(traces, ctx.cfg.trajectory)  # a history is carried within a day only (`chains`)
+        days = [day_of[t] for t in trace_ids.to_list()]
+        C.rebuild_deltas(records, conversation.to_list(), days)
+        C.rebuild_continuations(records, previous.to_list(), days)
         kept = columnar.Kept(None, None, records, kept.outer)
     return kept, tokens
 
@@ -990,6 +985,23 @@ def _assign_credit(kept: columnar.Kept, traces: _Traces, span_obs: dict[str, lis
     return rows, out
 
 
+def _start_ns(infos: list[dict]) -> int:
+    """When a trajectory started: a trajectory belongs to the day it started; one whose
+    spans have no start time (0 in OTLP), to the day the collector filed them under:
+    the day they arrived."""
+    starts = [i["first_start"] for i in infos if i["first_start"] is not None]
+    return min(starts) if starts else min(i["first_received"] or 0 for i in infos)
+
+
+def _days(traces: _Traces, how: str) -> dict[str, dt.date]:
+    """Each trace's trajectory's day (`_placed`'s)."""
+    members: dict[str, list[dict]] = defaultdict(list)
+    for t, info in traces.info.items():
+        members[traces.trajectory(t, how)].append(info)
+    day = {k: dt.datetime.fromtimestamp(_start_ns(v) / 1e9, dt.timezone.utc).date() for k, v in members.items()}
+    return {t: day[traces.trajectory(t, how)] for t in traces.info}
+
+
 def _placed(tids: list[str], traces: _Traces, ctx: _Ctx):
     """(infos, day, start_ns, session, rooted) of a trajectory this build writes, or
     None when it started outside the window or may still grow (counted, and the
@@ -1000,10 +1012,7 @@ def _placed(tids: list[str], traces: _Traces, ctx: _Ctx):
     infos = [traces.info[t] for t in tids]
     last = max(i["last_received"] or 0 for i in infos)
     rooted = all(i["root_ended"] for i in infos)
-    # a trajectory belongs to the day it started; one whose spans have no start time
-    # (0 in OTLP), to the day the collector filed them under: the day they arrived
-    starts = [i["first_start"] for i in infos if i["first_start"] is not None]
-    start_ns = min(starts) if starts else min(i["first_received"] or 0 for i in infos)
+    start_ns = _start_ns(infos)
     day = dt.datetime.fromtimestamp(start_ns / 1e9, dt.timezone.utc).date()
     if ((ctx.since and day < ctx.since) or (ctx.until and day > ctx.until)
             or (ctx.dates is not None and day.isoformat() not in ctx.dates)):
@@ -1319,7 +1328,11 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             raise BuildError(str(e)) from None
         bar = tqdm(total=buckets, unit="bucket", desc="build", disable=not progress)
         clock = time.perf_counter()
-        streamed = _streamed(fs, reads, logs, sizes, buckets, engine, cfg)
+        # traces whose calls need each other's history (a continued response, a conversation's deltas): one bucket
+        groups = chains.together(fs, reads) if buckets > 1 else {}
+        if groups:
+            log.info("%d traces continue calls of other traces: each bucketed with them", len(groups))
+        streamed = _streamed(fs, reads, logs, sizes, buckets, engine, cfg, groups)
         if buckets == 1:
             jobs = [_Job(0, reads, [], tmp, logs)]
         elif streamed is not None:  # no split: each bucket's spans read from the files in order
@@ -1335,7 +1348,7 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             log_pieces: dict[int, list[str]] = defaultdict(list)
             for got, got_logs, bad in _engine_run(engine, split_files, [
                     _SplitJob(i, runs[i] if i < len(runs) else [], buckets, tmp, cfg.memory_budget // int(OVERHEAD),
-                              cfg.data, cfg.storage_options or {}, log_runs[i] if i < len(log_runs) else [])
+                              cfg.data, cfg.storage_options or {}, log_runs[i] if i < len(log_runs) else [], groups)
                     for i in range(max(len(runs), len(log_runs)))], cfg):
                 summary.unreadable += bad
                 for b, path in got.items():

@@ -815,7 +815,7 @@ def _put_back(s: dict, msgs: list[dict], outputs: dict[str, dict]) -> None:
         s["flags"].append("history_rebuilt")
 
 
-def rebuild_deltas(records: list[dict], conversation: list[str | None]) -> None:
+def rebuild_deltas(records: list[dict], conversation: list[str | None], day: list | None = None) -> None:
     """Put back the history of the calls that recorded only the messages appended since
     their conversation's previous call (`gen_ai.input.messages_delta`): a conversation's
     calls in order (start, span id), each history that of the call before plus its own
@@ -824,23 +824,38 @@ def rebuild_deltas(records: list[dict], conversation: list[str | None]) -> None:
     starts the history again. `conversation` is each call row's `gen_ai.conversation.id`;
     a delta call without one keeps its delta, as does the first call of a conversation
     (the convention has it record its whole input as its delta). Rows rebuilt so are
-    flagged `history_from_delta`."""
-    by_conv: dict[str, list[dict]] = defaultdict(list)
+    flagged `history_from_delta`.
+
+    `day` is each call row's trajectory's day: a history is carried only between calls
+    of one day (an incremental build redoes days, and must agree with a full one). A
+    day's first call of a conversation whose delta opens with the model's answer or a
+    tool's result is not the conversation's first: its history is elsewhere (an earlier
+    day, or made outside the lake), and it and the calls built on it are flagged
+    `history_incomplete` (the trainer leaves them out) instead of passing for whole."""
+    by_conv: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         conv = conversation[r["_call"]]
         if conv:
-            by_conv[conv].append(r)
+            by_conv[(conv, None if day is None else day[r["_call"]])].append(r)
     for calls in by_conv.values():
         if not any(r["input_is_delta"] for r in calls):
             continue
         calls.sort(key=lambda r: (r["start_ns"] or 0, r["span_id"]))
         body: list[dict] | None = None  # the history without the system instructions
+        broken = False
         for i, r in enumerate(calls):
             if not r["input_is_delta"]:
-                body = list(r["input_messages"])
+                body, broken = list(r["input_messages"]), False
                 nxt = calls[i + 1] if i + 1 < len(calls) else None
                 if nxt is not None and nxt.get("_delta_system") and body and body[0]["role"] == "system":
                     body = body[1:]  # the next call heads the history with its own
+                continue
+            if body is None and not broken:
+                opening = next((m["role"] for m in r["input_messages"] if m["role"] not in ("system", "developer")), None)
+                broken = opening in ("assistant", "tool")
+            if broken:
+                r["flags"].append("history_incomplete")
+                body = (body or []) + r["input_messages"]
                 continue
             body = (body or []) + r["input_messages"]
             system = r.get("_delta_system")
@@ -870,7 +885,7 @@ def _leading_system(msgs: list[dict]) -> int:
     return n
 
 
-def rebuild_continuations(records: list[dict], previous: list[str | None]) -> None:
+def rebuild_continuations(records: list[dict], previous: list[str | None], day: list | None = None) -> None:
     """Put back the history of the calls that continued a stored response
     (`gen_ai.request.previous_response.id`): the model saw the continued call's
     whole history and answer, then the new items; the span holds only the new
@@ -881,7 +896,9 @@ def rebuild_continuations(records: list[dict], previous: list[str | None]) -> No
     `history_from_previous_response`; a call whose continued response is not among
     the bucket's calls (another bucket's trace, a response made outside the lake)
     keeps its new items and is flagged `history_incomplete`, which the trainer
-    leaves out: trained on, the answer would be learned for a state the model never saw."""
+    leaves out: trained on, the answer would be learned for a state the model never saw.
+    `day` is each call row's trajectory's day: a response is continued from only
+    within one day (`rebuild_deltas` says why); one of another day counts as not found."""
     if not any(previous[r["_call"]] for r in records):
         return
     by_id = {str(r["response_id"]): r for r in records if r["response_id"]}
@@ -892,6 +909,8 @@ def rebuild_continuations(records: list[dict], previous: list[str | None]) -> No
             full[id(r)] = r["input_messages"]
             continue
         before = by_id.get(prev)
+        if before is not None and day is not None and day[before["_call"]] != day[r["_call"]]:
+            before = None
         history = full.get(id(before)) if before is not None and before is not r else None
         if history is None:
             full[id(r)] = None

@@ -30,6 +30,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import chains
+
 #: The spans held past a cut, at most, as a share of a bucket's span bytes. A bucket
 #: at work holds about `build.OVERHEAD` (8) times its spans, the held ones only
 #: themselves: an eighth more at most (the split's buckets hold none). Mostly the rest
@@ -48,10 +50,12 @@ class Plan:
     lasts: list[np.ndarray]  # each row group's rows: their bucket, the one their trace ends in (4 bytes a span)
 
 
-def plan(fs, paths: list[str], sizes: dict[str, list[int] | None], buckets: int) -> Plan | None:
+def plan(fs, paths: list[str], sizes: dict[str, list[int] | None], buckets: int,
+         together: dict[str, str] | None = None) -> Plan | None:
     """The cuts for `buckets` buckets of about equal bytes (the footers' `sizes`), or
     None where a file or row group cannot be read here (the split reads it and names
-    it) or the traces straggle (`CARRY`)."""
+    it) or the traces straggle (`CARRY`). A trace in `together` ends where its group's
+    last trace ends (`chains`: one bucket for traces that need each other's calls)."""
     hashes, groups, per_row = [], [], []
     for i, path in enumerate(paths):
         sz = sizes.get(path)
@@ -65,7 +69,10 @@ def plan(fs, paths: list[str], sizes: dict[str, list[int] | None], buckets: int)
                 for g in range(pf.num_row_groups):
                     ids = pf.read_row_group(g, columns=["trace_id"]).column("trace_id")
                     # a trace as a 64-bit hash: two traces that collide only share a bucket
-                    hashes.append(pl.from_arrow(ids).hash(seed=7).to_numpy())
+                    keys = pl.from_arrow(ids)
+                    if together:
+                        keys = keys.to_frame("t").select(chains.bucket_key(pl.col("t"), together)).to_series()
+                    hashes.append(keys.hash(seed=7).to_numpy())
                     groups.append((i, g))
                     per_row.append(sz[g] / max(len(ids), 1))
         except (pa.ArrowException, OSError):
