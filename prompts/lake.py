@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from nightshift.schemas import layout, transitions
+from nightshift.schemas import layout, prompt_ids, transitions
 from nightshift.schemas.common import attr
-from nightshift.schemas.prompt_identity import SYSTEM_ROLES
 
 #: Where an instrumentation records which managed prompt a call used: the GenAI
 #: conventions' (being added), OpenInference's template version, Langfuse's.
@@ -55,33 +54,21 @@ def agent_expr() -> pl.Expr:
 
 def system_expr() -> pl.Expr:
     """The leading system/developer messages' contents, as `schemas.prompt_identity.leading_system` reads them."""
-    role = pl.element().struct.field("role")
-    return (pl.col("input_messages").list.eval(
-        pl.element().filter(role.is_in(list(SYSTEM_ROLES)).cast(pl.Int8).cum_min() == 1)
-        .struct.field("content").fill_null("")).alias("system"))
-
-
-#: Joins a call's leading system texts into the one text its `syskey` hashes.
-SEP = "\x1f"
-
-
-def keys_expr(system: pl.Expr | None = None) -> list[pl.Expr]:
-    """`syskey`, `toolkey`: 64-bit hashes of a call's leading system texts (`system`,
-    by default the column of that name) and of its tools' JSON: what groups calls by
-    the prompt they sent without carrying its text on every row."""
-    system = pl.col("system") if system is None else system
-    return [system.list.join(SEP).hash().alias("syskey"), pl.col("tools").fill_null("").hash().alias("toolkey")]
+    return prompt_ids.system_texts()
 
 
 def calls(data: str, since: str = "", storage_options: dict | None = None, agent: str | None = None) -> pl.DataFrame:
-    """One row per call: ids, `agent`, `syskey` and `toolkey` (`keys_expr`), `content`
-    (false: recorded without its messages), `model`, `reward`, `start_time`,
-    `prompt_seen`; and `system` (leading system texts, raw) and `tools` (JSON text) on
-    the first call with content of each (agent, syskey, toolkey) only, null on the rest.
+    """One row per call: ids, `agent`, `system_id` and `tools_id` (`schemas.prompt_ids`),
+    `content` (false: recorded without its messages), `model`, `reward`,
+    `start_time`, `prompt_seen`; and `system` (leading system texts, raw) and `tools`
+    (JSON text) on the first call with content of each (agent, system_id, tools_id)
+    only, null on the rest.
 
-    A prompt's text on every row of the lake held every call's messages in memory: 1.6
-    GB for 625k calls with a one-line prompt. The keys are computed as the rows are
-    read; the texts, a handful, are read again for the calls that first sent them."""
+    No message is read but those: the build wrote each call's prompt ids (transitions
+    version 4). Hashing the texts here held every call's messages at once (0.9 GB and
+    6 CPU-s for 625k calls; 2.9 GB with the texts on every row). Partitions built
+    before version 4 have no ids: theirs are made from their texts as the build makes
+    them, so such a lake lists as before, at the old cost, until it is rebuilt."""
     lf = _scan(data, "transitions", storage_options)
     if since:
         lf = lf.filter(pl.col("start_time") >= pl.lit(since).str.to_datetime(time_zone="UTC"))
@@ -89,15 +76,18 @@ def calls(data: str, since: str = "", storage_options: dict | None = None, agent
     if agent is not None:
         lf = lf.filter(pl.col("agent") == agent)
     content = (~pl.col("flags").fill_null([]).list.contains("content_missing")).alias("content")
+    keys = ["agent", "system_id", "tools_id"]
     try:
         rows = lf.select(
-            "transition_id", "trajectory_id", "trace_id", "span_id", "step", "agent",
-            *keys_expr(system_expr()), content, pl.coalesce("response_model", "model").alias("model"), "reward",
-            "start_time", "prompt_seen",
+            "transition_id", "trajectory_id", "trace_id", "span_id", "step", "agent", "system_id", "tools_id",
+            content, pl.coalesce("response_model", "model").alias("model"), "reward", "start_time", "prompt_seen",
         ).collect(engine="streaming")
-        firsts = rows.filter(pl.col("content")).unique(["agent", "syskey", "toolkey"], keep="first", maintain_order=True)
-        texts = (lf.filter(pl.col("transition_id").is_in(firsts["transition_id"].implode()))
-                 .select("transition_id", system_expr(), "tools").collect()) if firsts.height else None
+        if rows.filter(pl.col("content") & pl.col("system_id").is_null()).height:  # partitions older than version 4
+            rows = rows.update(_ids_of_older(lf.filter(content & pl.col("system_id").is_null())), on="transition_id")
+        # (the ids alone: a filter of the whole frame copied every row's columns)
+        firsts = (rows.lazy().filter("content").group_by(keys, maintain_order=True)
+                  .agg(pl.col("transition_id").first()).collect())
+        texts = _texts(data, firsts["transition_id"], storage_options) if firsts.height else None
     except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as e:
         if _empty(e):
             raise NoTransitions(f"no transitions under {data} yet (run `nightshift build`)") from None
@@ -105,7 +95,55 @@ def calls(data: str, since: str = "", storage_options: dict | None = None, agent
     if texts is None:
         return rows.with_columns(pl.lit(None, pl.List(pl.String)).alias("system"), pl.lit(None, pl.String).alias("tools"))
     texts = texts.unique("transition_id")  # (a call stored twice: its text once)
-    return rows.join(texts, on="transition_id", how="left", maintain_order="left")
+    return rows.hstack(beside(rows.select("transition_id"), texts, "transition_id", ["system", "tools"]))
+
+
+def beside(keys: pl.DataFrame, other: pl.DataFrame, on: str | list[str], columns: list[str],
+            **join) -> list[pl.Series]:
+    """`other`'s `columns` for each row of `keys` (a left join of the key columns
+    alone): what a frame gains from a join without the join copying the rest of it
+    (a frame of 625k calls is 113 MiB; each whole-frame join held another)."""
+    return keys.join(other, on=on, how="left", maintain_order="left", **join).select(columns).get_columns()
+
+
+def _texts(data: str, transition_ids: pl.Series, storage_options: dict | None) -> pl.DataFrame:
+    """`transition_id`, `system` (leading system texts), `tools` of these few rows: the
+    messages of the row groups that hold them only. A filtered scan read every row
+    group's messages to find them (1.4 CPU-s for 625k calls)."""
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    fs = fsspec.core.url_to_fs(data, **(storage_options or {}))[0]
+    wanted = pa.array(transition_ids.unique().to_list(), pa.string())
+    parts = []
+    for path in layout.check_dataset(data, "transitions", READER, storage_options):
+        # ParquetFile(...).read_row_group on a file object, never pq.read_table (retention.py says why)
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            for rg in range(pf.num_row_groups):
+                mask = pc.is_in(pf.read_row_group(rg, columns=["transition_id"]).column(0), value_set=wanted)
+                if pc.any(mask).as_py():
+                    t = pf.read_row_group(rg, columns=["transition_id", "input_messages", "tools"]).filter(mask)
+                    parts.append(pl.from_arrow(t).select("transition_id", system_expr(), "tools"))
+    if not parts:
+        return pl.DataFrame(schema={"transition_id": pl.String, "system": pl.List(pl.String), "tools": pl.String})
+    return pl.concat(parts)
+
+
+def _ids_of_older(lf: pl.LazyFrame) -> pl.DataFrame:
+    """`transition_id`, `system_id`, `tools_id` of rows written before transitions version
+    4: a 64-bit hash of each row's texts as they are read, then the ids made from the
+    texts of the first row of each (the texts of every row at once held 2 GB for 625k)."""
+    keyed = lf.select("transition_id", system_expr().list.join("\x1f").hash().alias("_hs"),
+                      pl.col("tools").fill_null("").hash().alias("_ht")).collect(engine="streaming")
+    firsts = keyed.unique(["_hs", "_ht"], keep="first")
+    texts = (lf.filter(pl.col("transition_id").is_in(firsts["transition_id"].implode()))
+             .select("transition_id", system_expr(), "tools").collect().unique("transition_id"))
+    made = firsts.join(texts, on="transition_id")
+    made = made.select("_hs", "_ht").hstack(prompt_ids.ids(made, pl.col("system"), pl.col("tools"), pl.lit(True)))
+    return keyed.join(made, on=["_hs", "_ht"], how="left").select("transition_id", "system_id", "tools_id")
 
 
 def trajectory_outcomes(data: str, trajectory_ids: list[str], storage_options: dict | None = None) -> pl.DataFrame:

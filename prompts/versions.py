@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from nightshift.schemas import prompt_ids
 from nightshift.schemas.prompt_identity import PromptVersion, canonical_tools, tool_names
 from nightshift.schemas.prompt_template import Template, infer, normalize, placeholders, resolve, templated
 
@@ -149,7 +150,7 @@ def _stats(agent: str, version: PromptVersion, calls: pl.DataFrame, trajs: pl.Da
         low, high = interval(rewards, binary)
     return PromptStats(agent, version, calls.height, trajs.height, len(rewards), mean, low, high, binary,
                        int(trajs["bad"].sum()), calls["start_time"].min(), calls["start_time"].max(),
-                       renderings=calls.select(pl.col("syskey").n_unique()).item())
+                       renderings=calls.select(pl.col("system_id").n_unique()).item())
 
 
 def routed(version_id: str) -> PromptVersion:
@@ -163,16 +164,16 @@ def assign(rows: pl.DataFrame, candidates: dict[str, PromptVersion] | None = Non
            ) -> tuple[pl.DataFrame, dict[str, dict[int, list[Template]]], dict[str, PromptVersion]]:
     """Each call's prompt version: templates inferred per agent and position over the
     calls' prompts (weighted by calls), then each distinct (agent, prompt, tools)
-    resolved once. Returns the rows with `syskey`, `sent` (the version of the prompt
+    resolved once. Returns the rows with `system_id`, `sent` (the version of the prompt
     recorded; null: no content) and `version` (the one the model saw: the route's
     candidate when it put one in, else `sent`), the templates, and the versions by id
     (`candidates`: the routed candidates' versions, when the caller read them)."""
     if "prompt_seen" not in rows.columns:
         rows = rows.with_columns(pl.lit(None, pl.String).alias("prompt_seen"))
-    if "syskey" not in rows.columns:  # every row with its texts (a caller's own frame): keyed here
-        rows = rows.with_columns(*lake.keys_expr())
-    keys = ["agent", "syskey", "toolkey"]
-    sent = rows.filter(pl.col("content"))
+    if "system_id" not in rows.columns:  # every row with its texts (a caller's own frame): its ids made here
+        rows = rows.hstack(prompt_ids.ids(rows, pl.col("system"), pl.col("tools"), pl.col("content")))
+    keys = ["agent", "system_id", "tools_id"]
+    sent = rows.select(*keys, "system", "tools", "content").filter(pl.col("content"))  # (not every column copied)
     # the texts once per key: on its first row in `lake.calls`' rows, on every row in a full frame
     distinct = (sent.group_by(keys).len("n")
                 .join(sent.filter(pl.col("system").is_not_null()).group_by(keys)
@@ -200,7 +201,7 @@ def assign(rows: pl.DataFrame, candidates: dict[str, PromptVersion] | None = Non
         versions[v.id] = v
         ids.append(v.id)
     mapping = distinct.select(keys).with_columns(pl.Series("version", ids, pl.String))
-    out = rows.join(mapping, on=keys, how="left", nulls_equal=True)
+    out = rows.hstack(lake.beside(rows.select(keys), mapping, keys, ["version"], nulls_equal=True))
     out = out.with_columns(pl.when(pl.col("content")).then(pl.col("version")).alias("sent"))
     out = out.with_columns(pl.coalesce("prompt_seen", "sent").alias("version"))
     for vid in out["prompt_seen"].drop_nulls().unique().to_list():
@@ -222,7 +223,7 @@ def by_agent(data: str, since: str = "", storage_options: dict | None = None, *,
     finite = pl.col("o").is_finite().fill_null(False)
     outcome = outcome.select("trajectory_id", pl.when(finite).then(pl.col("o")).alias("outcome"),
                              (pl.col("o").is_not_null() & ~finite).alias("bad"))
-    rows = rows.join(outcome, on="trajectory_id", how="left")
+    rows = rows.hstack(lake.beside(rows.select("trajectory_id"), outcome, "trajectory_id", ["outcome", "bad"]))
     firsts = (rows.filter(pl.col("version").is_not_null()).sort("trajectory_id", "step")
               .group_by("agent", "trajectory_id", maintain_order=True)
               .agg(pl.col("version").first(), pl.col("outcome").first().alias("reward"), pl.col("bad").first()))
@@ -241,7 +242,7 @@ def by_agent(data: str, since: str = "", storage_options: dict | None = None, *,
     out = []
     agents = sorted(rows["agent"].unique().to_list()) if agent is None else [agent]
     # split once (a filter per agent and version read every row each time: agents x rows)
-    by_name = rows.select("agent", "version", "sent", "start_time", "step", "syskey", "model").partition_by(
+    by_name = rows.select("agent", "version", "sent", "start_time", "step", "system_id", "model").partition_by(
         "agent", as_dict=True)
     trajs = firsts.partition_by("agent", "version", as_dict=True)
     no_trajs = firsts.clear()

@@ -71,6 +71,11 @@ def system_id(system: list[str]) -> str:
     return _digest({"system": list(system)})
 
 
+def tools_id(tools: list[dict]) -> str:
+    """The id of the canonical tools alone (`canonical_tools`)."""
+    return _digest({"tools": tools})
+
+
 def version_id(system: list[str], tools: list[dict]) -> str:
     """The id of (templated system messages, canonical tools)."""
     return _digest({"system": list(system), "tools": tools})

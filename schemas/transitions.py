@@ -6,7 +6,8 @@ Written by `nightshift build` under `<data>/transitions/date=YYYY-MM-DD/`. Colum
 names are a public contract: change them only with a new VERSION.
 
 Versions: 1, the first; 2 adds `prompt_name` and `prompt_version` (nullable, at the
-end); 3 adds `prompt_seen` (nullable, at the end). Files of an older version lack the
+end); 3 adds `prompt_seen` (nullable, at the end); 4 adds `system_id` and `tools_id`
+(nullable, at the end: `schemas.prompt_ids`). Files of an older version lack the
 later columns: readers take them as null (Polars `scan_parquet(...,
 missing_columns="insert")`, a pyarrow dataset, `nightshift train`).
 """
@@ -20,12 +21,13 @@ from .common import METADATA_VERSION, TIMESTAMP, with_metadata
 NAME = "transitions"
 #: This dataset's own version, in every file's metadata and every row's `schema_version`
 #: (the other datasets are at `common.SCHEMA_VERSION`).
-VERSION = "3"
+VERSION = "4"
 #: The versions a reader of this Nightshift reads (`layout.check`): 1 too, its
 #: missing columns taken as null.
-READABLE = ("1", "2", "3")
+READABLE = ("1", "2", "3", "4")
 #: Columns each version added, by version: a file of an older version lacks them.
-ADDED: dict[str, tuple[str, ...]] = {"2": ("prompt_name", "prompt_version"), "3": ("prompt_seen",)}
+ADDED: dict[str, tuple[str, ...]] = {"2": ("prompt_name", "prompt_version"), "3": ("prompt_seen",),
+                                     "4": ("system_id", "tools_id")}
 
 TOOL_CALL = pa.struct(
     [
@@ -95,6 +97,11 @@ SCHEMA = with_metadata(
             # it is not the one in input_messages: `nightshift route` put a candidate in and marked
             # the answer's model `+p:<id>` (the mark is taken off `model` and `response_model`)
             pa.field("prompt_seen", pa.string()),
+            # version 4: the ids of the prompt the call sent (schemas.prompt_ids): its leading system
+            # texts' (`prompt_identity.system_id`, what the route matches on) and its tools'; null
+            # for a call recorded without its messages
+            pa.field("system_id", pa.string()),
+            pa.field("tools_id", pa.string()),
         ]
     ),
     NAME,

@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from nightshift.cli.main import main
+from nightshift.schemas import transitions
 from nightshift.schemas.prompt_identity import PromptVersion, canonical_tools, leading_system
 from nightshift.prompts.versions import by_agent, interval, lines
 from nightshift.transform.build import build
@@ -186,6 +187,50 @@ def test_the_lean_rows_name_every_call_as_a_frame_with_each_calls_texts_does(tmp
     got = {mode: assign(rows)[0].select("transition_id", "version").sort("transition_id")
            for mode, rows in (("lean", lean), ("full", full))}
     assert got["lean"].equals(got["full"]) and got["lean"]["version"].n_unique() == 3
+
+
+def test_the_build_names_each_calls_prompt_as_a_router_hashes_the_request(tmp_path):
+    """Transitions version 4: each row's `system_id` is what `nightshift route` computes
+    from the request on the wire, and `tools_id` its canonical tools' id."""
+    from nightshift.schemas.prompt_identity import system_id, tools_id
+
+    case = "pydantic_ai/builtin/three_agents"
+    data = _built(case, tmp_path)
+    wire = json.loads((FIXTURES / case / "stub_calls.json").read_text())
+    rows = pl.read_parquet(f"{data}/transitions", hive_partitioning=True)
+    assert rows["system_id"].null_count() == 0 and rows["tools_id"].null_count() == 0
+    assert set(rows["system_id"]) == {system_id(leading_system(c["request"]["messages"])) for c in wire}
+    assert set(rows["tools_id"]) == {tools_id(canonical_tools(c["request"].get("tools"))) for c in wire}
+
+
+def test_a_lake_with_the_prompt_ids_lists_as_one_without_them_and_reads_no_message(tmp_path, monkeypatch):
+    """Partitions older than version 4 (no ids) list as before; a lake the build wrote
+    with ids lists the same without hashing a message: the ids of the rows (a
+    content-missing call's null) come from the columns, and only the first call of each
+    prompt is read for its text."""
+    from nightshift.prompts import lake
+    from nightshift.schemas import prompt_ids
+
+    rows = (_world([1.0, 0.0] * 4) + _world([0.0, 1.0, None], agent="other", prompt="Be brief.", start=20)
+            + _world([1.0] * 3, tools=[{"type": "function", "function": {"name": "lookup"}}], start=40))
+    rows[3]["flags"] = ["content_missing"]
+    write(tmp_path / "old", rows)
+    frame = pl.from_dicts(rows, schema=pl.from_arrow(transitions.SCHEMA.empty_table()).schema)
+    ids = prompt_ids.ids(frame, prompt_ids.system_texts(), pl.col("tools"),
+                         ~pl.col("flags").list.contains("content_missing"))
+    for r, (s, t) in zip(rows, ids.iter_rows()):
+        r["system_id"], r["tools_id"] = s, t
+    assert rows[3]["system_id"] is None and rows[0]["system_id"] is not None
+    write(tmp_path / "new", rows)
+    old = by_agent(str(tmp_path / "old"), names=False)
+    hashed = []
+    real = prompt_ids.ids
+    monkeypatch.setattr(prompt_ids, "ids", lambda *a: hashed.append(1) or real(*a))
+    new = by_agent(str(tmp_path / "new"), names=False)
+    assert hashed == []
+    assert lines(new) == lines(old) and len([v for a in new for v in a.versions]) == 3
+    by_agent(str(tmp_path / "old"), names=False)
+    assert hashed  # (the spy sees the old lake's hashing)
 
 
 def test_cli_lists_versions_as_json_and_says_what_is_missing(tmp_path, capsys):

@@ -119,9 +119,9 @@ def test_the_named_prompt_template_is_carried_into_its_rows(tmp_path):
     assert rows["prompt_name"].to_list() == ["analyze-code"] * 2
     assert rows["prompt_version"].to_list() == ["2025-05-01"] * 2
     assert rows["flags"][1].to_list() == ["content_missing"]
-    assert rows["schema_version"].unique().to_list() == ["3"]  # 3 since prompt_seen (issue 27)
+    assert rows["schema_version"].unique().to_list() == ["4"]  # 4 since system_id and tools_id
     f = next(os.path.join(r, n) for r, _, ns in os.walk(tmp_path / "transitions") for n in ns if n.endswith(".parquet"))
-    assert pq.read_schema(f).metadata[b"nightshift.schema_version"] == b"3"
+    assert pq.read_schema(f).metadata[b"nightshift.schema_version"] == b"4"
 
 
 def test_generic_parts_and_output_messages_without_a_finish_reason(tmp_path):

@@ -114,7 +114,7 @@ def test_messages_fit_the_transitions_schema():
     assert arr.to_pylist()[0] == msgs
     schema = transitions.SCHEMA
     # the transitions dataset has its own version (2: the prompt template columns, 3: prompt_seen); the others stay at 1
-    assert schema.metadata[b"nightshift.schema_version"] == transitions.VERSION.encode() == b"3"
+    assert schema.metadata[b"nightshift.schema_version"] == transitions.VERSION.encode() == b"4"
     assert SCHEMA_VERSION == "1"
     for col in ("transition_id", "trace_id", "span_id", "trajectory_id", "group_id", "step", "num_steps", "agent_name",
                 "service_name", "model", "provider", "input_messages", "output_message", "tools", "finish_reason",

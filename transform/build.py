@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nightshift.schemas import layout, transitions
+from nightshift.schemas import layout, prompt_ids, transitions
 from nightshift.schemas import spans as spans_schema
 
 from . import attrs as A
@@ -1220,7 +1220,9 @@ def _table(rows: pl.DataFrame, tokens: pl.DataFrame) -> pl.DataFrame:
     taken from Arrow by call; `advantage` comes later."""
     rows = rows.sort(*columnar.ORDER)
     ids = tokens[rows["_call"].cast(pl.UInt32)]
-    return rows.drop("_date", "_ostart", "_call").hstack(ids.select("prompt_token_ids", "completion_token_ids"))
+    sent = prompt_ids.ids(rows, prompt_ids.system_texts(), pl.col("tools"),
+                          ~pl.col("flags").fill_null([]).list.contains("content_missing"))
+    return rows.drop("_date", "_ostart", "_call").hstack(ids.select("prompt_token_ids", "completion_token_ids")).hstack(sent)
 
 
 def build(cfg: TransformConfig, *, now_ns: int | None = None, progress: bool = False) -> Summary:

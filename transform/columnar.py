@@ -300,8 +300,8 @@ def _credit(strategy: str, gamma: float) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
 
 
 _ROW_SCHEMA = transitions.SCHEMA.remove_metadata()
-_LATE = ("prompt_token_ids", "completion_token_ids", "advantage")
-#: The columns of a bucket's row frame before the token ids, as `build._table` types them.
+_LATE = ("prompt_token_ids", "completion_token_ids", "advantage", "system_id", "tools_id")
+#: The columns of a bucket's row frame before the token ids and the prompt ids, as `build._table` types them.
 WANTED = [f for f in _ROW_SCHEMA if f.name not in _LATE]
 TYPES = pl.from_arrow(pa.schema(WANTED).empty_table()).schema
 #: Beside them, what orders the rows and splits them by date.
