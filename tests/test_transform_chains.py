@@ -128,7 +128,7 @@ def test_calls_continuing_other_traces_build_the_same_in_any_number_of_buckets(t
 
 def test_without_the_groups_a_bucketed_build_loses_the_histories(tmp_path, monkeypatch):
     """What the groups are for: the same lake in five buckets, each trace by its own hash."""
-    monkeypatch.setattr(chains, "together", lambda fs, sources: {})
+    monkeypatch.setattr(chains, "together", lambda fs, sources, how="trace": {})
     lake(tmp_path)
     c = cfg(tmp_path)
     c.build.buckets = 5
@@ -193,3 +193,73 @@ def test_a_delta_that_opens_with_an_answer_made_elsewhere_is_incomplete(tmp_path
     assert [by[Trace(f"delta-2-{k}").hex] for k in range(2)] == [["history_from_delta"]] * 2
     kept = {r["transition_id"] for r in select(TrainConfig(data=str(tmp_path))).rows}
     assert kept == set(df.filter(pl.col("trace_id").is_in([Trace(f"delta-2-{k}").hex for k in range(2)]))["transition_id"])
+
+
+# --- trajectories of several traces: a conversation's, linked ones' ---------------------------------------
+
+
+def conversations(data, n: int = 8) -> None:
+    """`n` conversations of three traces each, named by each way a span names its
+    conversation (on the call or on the root), among plain runs, written turn by turn."""
+    ways = [("gen_ai.conversation.id", lambda c: f"conv-{c}"), ("session.id", lambda c: f"sess-{c}"),
+            ("traceloop.association.properties.session_id", lambda c: f"tl-{c}"), ("session.id", lambda c: 9000 + c)]
+    plain = [_turn(f"solo-{i}", 10 * i, genai_call(f"task {i}", f"done {i}"), reward=float(i % 2)) for i in range(3 * n)]
+    turns: list[list[Trace]] = [[], [], []]
+    for c in range(n):
+        key, value = ways[c % len(ways)]
+        for k in range(3):
+            t = _turn(f"conv-{c}-{k}", 7 * c + 60 * k, genai_call(f"c{c} turn {k}", f"c{c} answer {k}"),
+                      reward=float((c + k) % 2))
+            t.spans[0 if k % 2 else 1].attrs[key] = value(c)  # the root for some turns, the call for others
+            turns[k].append(t)
+    for k in range(3):
+        write_spans(str(data), turns[k] + plain[k::3], batch=f"b{k}")
+
+
+def test_conversation_trajectories_build_the_same_in_buckets_as_in_one(tmp_path):
+    """`trajectory: conversation` read the whole window in one bucket (memory without a
+    bound); its traces are now bucketed by conversation, whichever key names it."""
+    one = tmp_path / "one"
+    conversations(one)
+    assert B.build(cfg(one, trajectory="conversation")).buckets == 1
+    want = pl.read_parquet(f"{one}/transitions", hive_partitioning=True).sort("transition_id")
+    assert want.filter(pl.col("trace_id").is_in([Trace(f"conv-{c}-0").hex for c in range(8)]))["num_steps"].unique().to_list() == [3]
+    for name, kw in [("split", {}), ("stream", {"memory_budget": 40_000})]:
+        data = tmp_path / name
+        conversations(data)
+        c = cfg(data, trajectory="conversation", **kw)
+        if name == "split":
+            c.build.buckets = 5
+        assert B.build(c).buckets > 2, name
+        got = pl.read_parquet(f"{data}/transitions", hive_partitioning=True).sort("transition_id")
+        assert got.drop("date").equals(want.drop("date")), name
+
+
+def test_without_the_groups_a_conversation_is_cut_by_the_buckets(tmp_path, monkeypatch):
+    monkeypatch.setattr(chains, "together", lambda fs, sources, how="trace": {})
+    conversations(tmp_path)
+    c = cfg(tmp_path, trajectory="conversation")
+    c.build.buckets = 5
+    B.build(c)
+    got = pl.read_parquet(f"{tmp_path}/transitions", hive_partitioning=True)
+    convs = got.filter(pl.col("trace_id").is_in([Trace(f"conv-{c}-{k}").hex for c in range(8) for k in range(3)]))
+    assert convs["num_steps"].min() < 3  # (a conversation's id is its own either way: its steps are not)
+
+
+def test_linked_traces_of_a_recorded_autogen_run_are_one_trajectory_in_any_bucket_count(tmp_path):
+    """AutoGen starts a trace per message delivered, linked to the span that sent it
+    (tests/test_framework_recordings.py): in five buckets, still one trajectory."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).parent / "fixtures" / "frameworks" / "autogen" / "genai_openai" / "roundrobin"
+    rows = {}
+    for n in (0, 5):
+        data = tmp_path / f"b{n}"
+        shutil.copytree(src / "spans", data / "spans")
+        c = cfg(data, trajectory="linked")
+        c.build.buckets = n
+        assert B.build(c).buckets == max(n, 1)
+        rows[n] = pl.read_parquet(f"{data}/transitions", hive_partitioning=True).sort("transition_id")
+    assert rows[5]["trajectory_id"].n_unique() == 1 and rows[5].height == 4
+    assert rows[5].drop("date").equals(rows[0].drop("date"))

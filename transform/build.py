@@ -180,9 +180,10 @@ class Summary:
 
 #: What a user can do about a flag the summary counts, where there is something.
 _FLAG_HINTS = {
-    "history_incomplete": ("; each continued a stored response (gen_ai.request.previous_response.id) the build did "
-                           "not find, so its history is only its new items and the trainer leaves it out: with "
-                           "transform.trajectory: conversation a conversation's traces are read together"),
+    "history_incomplete": ("; each continued a stored response (gen_ai.request.previous_response.id) or a "
+                           "conversation (a delta opening with an answer) that the build did not find on its day: "
+                           "made outside the lake, or before midnight UTC (a history is carried within a day, "
+                           "as an incremental build redoes days), so the trainer leaves it out"),
 }
 
 
@@ -1310,9 +1311,6 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
     sizes = group_bytes(fs, (src.path for src in reads))  # each footer once, all at once: the cut uses them too
     total = sum(sum(sizes[src.path] or ()) for src in reads)  # of what this build reads, not of every date
     buckets = max(1, math.ceil(total * OVERHEAD / max(cfg.memory_budget, 1)), cfg.build.buckets)
-    if cfg.trajectory in ("conversation", "linked") and buckets > 1:
-        log.warning("trajectory=%s reads the whole window at once (%d MiB of spans)", cfg.trajectory, total >> 20)
-        buckets = 1
     summary.buckets = buckets
     output.repair(fs, out_root)
     if output.is_local(fs):  # scratch files beside the output: same disk, cleaned by the next run after a crash
@@ -1330,10 +1328,12 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
             raise BuildError(str(e)) from None
         bar = tqdm(total=buckets, unit="bucket", desc="build", disable=not progress)
         clock = time.perf_counter()
-        # traces whose calls need each other's history (a continued response, a conversation's deltas): one bucket
-        groups = chains.together(fs, reads) if buckets > 1 else {}
+        # traces whose calls need each other's (a continued response, a conversation's deltas) or that make one
+        # trajectory (a conversation's, linked ones'): one bucket each group
+        groups = chains.together(fs, reads, cfg.trajectory) if buckets > 1 else {}
         if groups:
-            log.info("%d traces continue calls of other traces: each bucketed with them", len(groups))
+            log.info("%d traces bucketed with others they continue or share a trajectory with (%d groups)",
+                     len(groups), len(set(groups.values())))
         streamed = _streamed(fs, reads, logs, sizes, buckets, engine, cfg, groups)
         if buckets == 1:
             jobs = [_Job(0, reads, [], tmp, logs)]

@@ -23,6 +23,7 @@ import polars as pl
 import pyarrow as pa
 
 from . import attrs as A
+from . import chains
 from .conventions import Call, read_call, read_events, tools_from_events
 from .messages import normalize_finish_reason
 from .rewards import AGL_SPAN_NAMES, CARRIER_KEYS, CARRIER_PREFIXES
@@ -51,7 +52,7 @@ _CLASSIFY_KEYS = {
     "tl_lg_node": ("traceloop.association.properties.langgraph_node",),
     "tl_lc_agent": ("traceloop.association.properties.lc_agent_name",),
     "tl_integration": ("traceloop.association.properties.ls_integration",),
-    "session": ("session.id", "conversation.id", "traceloop.association.properties.session_id"),
+    "session": chains.SESSION_KEYS,
     "token_ids": ("response_token_ids",),
 }
 _REDACTED = "__REDACTED__"

@@ -36,6 +36,9 @@ PREVIOUS = "gen_ai.request.previous_response.id"
 RESPONSE = "gen_ai.response.id"
 #: The attribute of a call that recorded only its conversation's new messages.
 DELTA = "gen_ai.input.messages_delta"
+#: The keys a span names its conversation by, beside the promoted `gen_ai.conversation.id`
+#: (`calls.classify`'s `session`).
+SESSION_KEYS = ("session.id", "conversation.id", "traceloop.association.properties.session_id")
 
 
 def components(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -56,40 +59,53 @@ def components(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return {t: find(t) for t in list(parent)}
 
 
-def together(fs, sources: list) -> dict[str, str]:
+def together(fs, sources: list, how: str = "trace") -> dict[str, str]:
     """Trace -> its group's first trace, for the traces of `sources` (the build's
     `_Source`s: path, the traces it keeps, the row groups it reads) that continue or
-    are continued by another's call; empty when none do, the common case, after one
-    read of the keys. A file or row group that cannot be read is left out: the build's
-    own read reports it."""
+    are continued by another's call; with `how` (the build's `trajectory`)
+    "conversation", also the traces that share a conversation (`session`: any value of
+    the keys `calls.classify` reads one from, so a group holds at least each
+    trajectory's traces), and with "linked", the traces their spans' links join.
+    Empty when none do, the common case, after one read of the keys. A file or row
+    group that cannot be read is left out: the build's own read reports it."""
     response_keys = pa.array([PREVIOUS, RESPONSE])
+    session_keys = pa.array(SESSION_KEYS)
     convs: list[pa.Table] = []  # (trace, conversation) of the spans that name a conversation
     deltas: set[str] = set()
     pending: list[tuple[object, int]] = []  # (source, row group) with either response key
+    links: list[pl.DataFrame] = []  # (trace, other): a span's link, or a shared session (`how`)
     continuing = False
     for src in sources:
         try:
             with fs.open(src.path, "rb") as fh:
                 pf = pq.ParquetFile(fh)
-                leaf = [c.path for c in pf.schema if c.path.startswith("attributes.") and c.path.endswith(".key")]
+                leaves = [c.path for c in pf.schema]
+                leaf = [c for c in leaves if c.startswith("attributes.") and c.endswith(".key")]
                 if not leaf or "trace_id" not in pf.schema_arrow.names:
                     continue
                 has_conv = "gen_ai_conversation_id" in pf.schema_arrow.names
+                link_leaf = [c for c in leaves if c.startswith("links.") and c.endswith("element.trace_id")]
+                extra = (["gen_ai_conversation_id"] if has_conv else []) + (link_leaf if how == "linked" else [])
                 only = None if src.only is None else src.only.to_arrow()
                 for g in range(*(src.groups or (0, pf.num_row_groups))):
                     try:
-                        t = pf.read_row_group(g, columns=["trace_id", leaf[0]]
-                                              + (["gen_ai_conversation_id"] if has_conv else []))
+                        t = pf.read_row_group(g, columns=["trace_id", leaf[0], *extra])
                     except (pa.ArrowException, OSError):
                         continue
-                    if only is not None:
-                        t = t.filter(pc.is_in(t.column("trace_id"), value_set=only))
+                    keep = None if only is None else pc.is_in(t.column("trace_id"), value_set=only)
+                    if keep is not None:
+                        t = t.filter(keep)
                     # the keys flat, in Arrow: one pass over the row group's keys, no list per span
                     lists = t.column("attributes").combine_chunks()
                     keys = pc.list_flatten(lists).field("key")
                     if pc.any(pc.is_in(keys, value_set=response_keys)).as_py():
                         continuing = continuing or pc.any(pc.equal(keys, PREVIOUS)).as_py()
                         pending.append((src, g))
+                    if how == "linked" and link_leaf:
+                        links.append(pl.from_arrow(t.select(["trace_id", "links"])).explode("links").select(
+                            "trace_id", pl.col("links").struct.field("trace_id").alias("other")).drop_nulls())
+                    if how == "conversation" and pc.any(pc.is_in(keys, value_set=session_keys)).as_py():
+                        links.append(_sessions(pf, g, leaves, keep))
                     if not has_conv:
                         continue
                     delta = pc.equal(keys, DELTA)
@@ -101,16 +117,42 @@ def together(fs, sources: list) -> dict[str, str]:
         except (pa.ArrowException, OSError):
             continue
     pairs: list[pl.DataFrame] = []
-    if deltas and convs:  # every trace of a conversation some call sent a delta in, with its first trace
-        c = pl.from_arrow(pa.concat_tables(convs)).unique().filter(pl.col("gen_ai_conversation_id").is_in(list(deltas)))
-        pairs.append(c.select("trace_id", pl.col("trace_id").min().over("gen_ai_conversation_id").alias("other")))
+    named = pl.from_arrow(pa.concat_tables(convs)).unique().rename({"gen_ai_conversation_id": "s"}) if convs else None
+    if how == "conversation":  # a session's traces, each with its first: by the conversation column too
+        sessions = pl.concat([x for x in links if x.height] + ([named] if named is not None else []))
+        links = [sessions.select("trace_id", pl.col("trace_id").min().over("s").alias("other"))] if sessions.height else []
+    elif deltas and named is not None:  # every trace of a conversation some call sent a delta in, with its first
+        c = named.filter(pl.col("s").is_in(list(deltas)))
+        pairs.append(c.select("trace_id", pl.col("trace_id").min().over("s").alias("other")))
+    pairs += [x for x in links if x.height]
     if continuing:
         pairs.append(_continued(fs, pending))
-    del convs, pending
+    del convs, pending, links
     if not pairs:
         return {}
     edges = pl.concat(pairs).filter(pl.col("trace_id") != pl.col("other")).unique()
     return components(edges.iter_rows())
+
+
+def _sessions(pf: pq.ParquetFile, g: int, leaves: list[str], keep) -> pl.DataFrame:
+    """(trace_id, s) for each session value the spans of row group `g` carry: the keys
+    and the value leaves `attrs.long_form` reads (not the bytes values), the session
+    keys' values taken out in Arrow, then made text as `long_form` makes it."""
+    fields = ("string_value", "int_value", "double_value", "bool_value", "json_value")
+    value = [c for c in leaves if c.startswith("attributes.") and c.rsplit(".", 1)[-1] in ("key", *fields)]
+    t = pf.read_row_group(g, columns=["trace_id", *value])
+    if keep is not None:
+        t = t.filter(keep)
+    lists = t.column("attributes").combine_chunks()
+    flat = pc.list_flatten(lists)
+    hit = pc.is_in(flat.field("key"), value_set=pa.array(SESSION_KEYS))
+    values = pc.filter(flat.field("value"), hit)
+    got = pa.table({"trace_id": t.column("trace_id").take(pc.filter(pc.list_parent_indices(lists), hit)),
+                    **{f: values.field(f) for f in fields if f in {values.type.field(i).name
+                                                                   for i in range(values.type.num_fields)}}})
+    v = pl.from_arrow(got)
+    text = [pl.col(f) if f in ("string_value", "json_value") else pl.col(f).cast(pl.String) for f in fields if f in v.columns]
+    return v.select("trace_id", pl.coalesce(text).alias("s")).drop_nulls().unique()
 
 
 def _continued(fs, pending: list[tuple[object, int]]) -> pl.DataFrame:
