@@ -24,6 +24,7 @@ redoes, so that it and a full build always agree.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable
 
 import polars as pl
@@ -59,7 +60,7 @@ def components(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return {t: find(t) for t in list(parent)}
 
 
-def together(fs, sources: list, how: str = "trace") -> dict[str, str]:
+def together(fs, sources: list, how: str = "trace") -> Groups:
     """Trace -> its group's first trace, for the traces of `sources` (the build's
     `_Source`s: path, the traces it keeps, the row groups it reads) that continue or
     are continued by another's call; with `how` (the build's `trajectory`)
@@ -129,9 +130,9 @@ def together(fs, sources: list, how: str = "trace") -> dict[str, str]:
         pairs.append(_continued(fs, pending))
     del convs, pending, links
     if not pairs:
-        return {}
+        return Groups()
     edges = pl.concat(pairs).filter(pl.col("trace_id") != pl.col("other")).unique()
-    return components(edges.iter_rows())
+    return Groups(components(edges.iter_rows()))
 
 
 def _sessions(pf: pq.ParquetFile, g: int, leaves: list[str], keep) -> pl.DataFrame:
@@ -198,8 +199,18 @@ def _continued(fs, pending: list[tuple[object, int]]) -> pl.DataFrame:
     return pl.from_arrow(pa.concat_tables(wants)).join(made_by, on="id").select("trace_id", "other")
 
 
+class Groups(dict):
+    """Trace -> its group's first trace (`together`), with its two columns made once:
+    the split replaces the ids of every batch and the stream of every row group."""
+
+    @functools.cached_property
+    def columns(self) -> tuple[pl.Series, pl.Series]:
+        return pl.Series(list(self), dtype=pl.String), pl.Series(list(self.values()), dtype=pl.String)
+
+
 def bucket_key(trace: pl.Expr, groups: dict[str, str] | None) -> pl.Expr:
     """The id a trace is bucketed by: its group's first trace where it has a group."""
     if not groups:
         return trace
-    return trace.replace(pl.Series(list(groups), dtype=pl.String), pl.Series(list(groups.values()), dtype=pl.String))
+    old, new = groups.columns if isinstance(groups, Groups) else Groups(groups).columns
+    return trace.replace(old, new)
