@@ -78,6 +78,8 @@ class Summary:
     #: instrumentation scope -> [calls, calls in a layout no reader knows (left out), an example span id]
     by_instrumentation: dict[str, list] = field(default_factory=dict)
     buckets: int = 1
+    #: traces bucketed with others (`chains`): [traces, groups]
+    grouped: list = field(default_factory=lambda: [0, 0])
     seconds: float = 0.0
     #: span files or row groups that could not be read, each named with why (the rest was built)
     unreadable: list[str] = field(default_factory=list)
@@ -120,6 +122,9 @@ class Summary:
             f"({self.spans} spans, {self.seconds:.1f} s, {self.buckets} bucket(s))",
             f"partitions written: {', '.join(self.partitions) or 'none'}",
         ]
+        if self.grouped[0]:
+            out.append(f"traces bucketed with the traces they continue or share a trajectory with: {self.grouped[0]} "
+                       f"in {self.grouped[1]} group(s)")
         if self.incremental:
             out.append(f"incremental: {self.incremental}")
         if self.repooled:
@@ -1331,9 +1336,8 @@ def _build(cfg: TransformConfig, now_ns: int | None, progress: bool) -> Summary:
         # traces whose calls need each other's (a continued response, a conversation's deltas) or that make one
         # trajectory (a conversation's, linked ones'): one bucket each group
         groups = chains.together(fs, reads, cfg.trajectory) if buckets > 1 else {}
-        if groups:
-            log.info("%d traces bucketed with others they continue or share a trajectory with (%d groups)",
-                     len(groups), len(set(groups.values())))
+        if groups:  # (each group's first trace is no entry of its own: it is counted here)
+            summary.grouped = [len(groups) + len(set(groups.values())), len(set(groups.values()))]
         streamed = _streamed(fs, reads, logs, sizes, buckets, engine, cfg, groups)
         if buckets == 1:
             jobs = [_Job(0, reads, [], tmp, logs)]
