@@ -123,7 +123,7 @@ def test_calls_continuing_other_traces_build_the_same_in_any_number_of_buckets(t
         s = B.build(c)
         assert s.buckets > 2, name
         assert s.grouped == [72, 24]  # 12 conversations of each kind, 3 traces each
-        assert "bucketed with the traces they continue or share a trajectory with: 72 in 24 group(s)" in s.lines()
+        assert "traces bucketed with the traces they continue or share a trajectory with: 72 in 24 group(s)" in s.lines()
         got = rows(data)
         assert got.equals(want), name
 
