@@ -11,6 +11,7 @@ lost rows, one at a time."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import random
@@ -308,13 +309,14 @@ def crash_at(monkeypatch, point: int) -> None:
     return undo
 
 
-def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None, chains: bool = False) -> None:
+def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None, chains: bool = False, **settings) -> None:
     """A first arrival and build (no state yet: a full one), then `rounds` rounds of one
     to four events and an incremental build (now and then crashing, then run again),
     each compared with a full build. `upkeep(h, before_build)`, when given, acts on
     the lake after each event and before each build (test_retention.py: prunes and
     compactions); without it a history draws the same numbers as it always did.
-    `chains`: some trajectories continue others' calls (`Traj.chained`)."""
+    `chains`: some trajectories continue others' calls (`Traj.chained`); `settings`:
+    the build's (both builds')."""
     h = History(seed, root, chains=chains)
     h.arrive()
     for step in range(rounds + 1):
@@ -333,18 +335,18 @@ def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None, chains: b
             h.log.append(f"incremental build at {h.clock}, crashing "
                          f"({'before the state' if not point else f'after partition write {point}'})")
             try:
-                B.build(cfg_for(h.data, incremental=True), now_ns=h.clock)
+                B.build(cfg_for(h.data, incremental=True, **settings), now_ns=h.clock)
             except Crash:
                 pass
             finally:
                 undo()
         budget = h.rng.choice([512 << 20] * 7 + [40_000])  # now and then in a few buckets of traces
         h.log.append(f"incremental build at {h.clock}, memory_budget {budget}")
-        summary = B.build(cfg_for(h.data, incremental=True, memory_budget=budget), now_ns=h.clock)
+        summary = B.build(cfg_for(h.data, incremental=True, memory_budget=budget, **settings), now_ns=h.clock)
         h.log.append(f"  -> {summary.incremental} ({summary.buckets} bucket(s))")
         if not step:
             continue
-        diff = same(transitions(h.data), full_build(h.data, root / "full", h.clock))
+        diff = same(transitions(h.data), full_build(h.data, root / "full", h.clock, **settings))
         if diff:
             raise AssertionError(f"history {seed}, build {step}: {diff}\n  " + "\n  ".join(h.log))
 
@@ -370,6 +372,16 @@ def test_incremental_equals_full_where_traces_continue_each_others_calls(tmp_pat
     history is carried within a day only, in every build (`transform.chains`)."""
     for seed in range(FIRST + block, FIRST + HISTORIES // 4, 2):
         play(seed, tmp_path / f"h{seed}", monkeypatch, rounds=2, chains=True)
+        shutil.rmtree(tmp_path / f"h{seed}")
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_incremental_equals_full_for_conversation_trajectories(tmp_path, monkeypatch, block):
+    """`trajectory: conversation`: a conversation's traces on any dates make one
+    trajectory, and feedback may name the conversation; with traces continuing each
+    other's calls besides (its deltas' conversations are conversations too)."""
+    for seed in range(FIRST + block, FIRST + HISTORIES // 4, 2):
+        play(seed, tmp_path / f"h{seed}", monkeypatch, rounds=2, chains=True, trajectory="conversation")
         shutil.rmtree(tmp_path / f"h{seed}")
 
 
@@ -513,15 +525,32 @@ def test_log_events_that_arrive_late_are_built_in(tmp_path):
     assert transitions(data)["output_message"][0]["content"] == "yo"
 
 
-def test_conversation_trajectories_rebuild_in_full(tmp_path):
+def test_a_conversation_two_days_later_rebuilds_the_day_it_started_on_not_every_day(tmp_path):
+    """Conversation trajectories build incrementally: a trace that joins a conversation
+    begun two days earlier rebuilds the day the conversation started (its trajectory's)
+    and its own, not the days between."""
     data = tmp_path / "data"
     a = Traj("c1", T0, "task", 1, 1.0, "conv", True).trace("early")
     b = Traj("c2", T0 + 2 * DAY, "task", 1, None, "conv", True).trace("early")
-    write_spans(str(data), [a], batch="a")
-    check_equal(data, T0 + DAY, tmp_path, trajectory="conversation")
+    other = Traj("o1", T0 + DAY, "task", 1, 0.0, None, True).trace("early")
+    write_spans(str(data), [a, other], batch="a")
+    check_equal(data, T0 + DAY + HOUR, tmp_path, trajectory="conversation")
     write_spans(str(data), [b], batch="b")
     s = check_equal(data, T0 + 3 * DAY, tmp_path, trajectory="conversation")
-    assert "trajectory=conversation" in s.incremental and "full build" in s.incremental
+    assert "full build" not in s.incremental and "rebuilding" in s.incremental
+    day = lambda ns: str(dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).date())  # noqa: E731
+    assert day(T0 + DAY) not in s.partitions and {day(T0), day(T0 + 2 * DAY)} <= set(s.partitions)
+    rows = transitions(data)
+    assert rows.filter(pl.col("trace_id").is_in([a_.hex for a_ in (a, b)]))["trajectory_id"].n_unique() == 1
+
+
+def test_linked_trajectories_rebuild_in_full(tmp_path):
+    data = tmp_path / "data"
+    write_spans(str(data), [Traj("l1", T0, "task", 1, 1.0, None, True).trace("early")], batch="a")
+    check_equal(data, T0 + DAY, tmp_path, trajectory="linked")
+    write_spans(str(data), [Traj("l2", T0 + 2 * DAY, "task", 1, 1.0, None, True).trace("early")], batch="b")
+    s = check_equal(data, T0 + 3 * DAY, tmp_path, trajectory="linked")
+    assert "trajectory=linked" in s.incremental and "full build" in s.incremental
 
 
 def test_a_clock_before_the_last_builds_gives_a_full_build(tmp_path):

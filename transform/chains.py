@@ -25,7 +25,8 @@ redoes, so that it and a full build always agree.
 from __future__ import annotations
 
 import functools
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 import polars as pl
 import pyarrow as pa
@@ -70,12 +71,63 @@ def together(fs, sources: list, how: str = "trace") -> Groups:
     Empty when none do, the common case, after one read of the keys. A file or row
     group that cannot be read is left out: the build's own read reports it."""
     response_keys = pa.array([PREVIOUS, RESPONSE])
-    session_keys = pa.array(SESSION_KEYS)
     convs: list[pa.Table] = []  # (trace, conversation) of the spans that name a conversation
     deltas: set[str] = set()
     pending: list[tuple[object, int]] = []  # (source, row group) with either response key
     links: list[pl.DataFrame] = []  # (trace, other): a span's link, or a shared session (`how`)
     continuing = False
+    for rg in _row_groups(fs, sources, how == "linked"):
+        if pc.any(pc.is_in(rg.keys, value_set=response_keys)).as_py():
+            continuing = continuing or pc.any(pc.equal(rg.keys, PREVIOUS)).as_py()
+            pending.append((rg.src, rg.g))
+        if how == "linked" and "links" in rg.t.column_names:
+            links.append(pl.from_arrow(rg.t.select(["trace_id", "links"])).explode("links").select(
+                "trace_id", pl.col("links").struct.field("trace_id").alias("other")).drop_nulls())
+        if how == "conversation":
+            links.append(_sessions(rg))
+        if "gen_ai_conversation_id" not in rg.t.column_names:
+            continue
+        delta = pc.equal(rg.keys, DELTA)
+        if pc.any(delta).as_py():
+            rows = pc.unique(pc.filter(pc.list_parent_indices(rg.lists), delta))
+            deltas.update(c for c in rg.t.column("gen_ai_conversation_id").take(rows).to_pylist() if c)
+        convs.append(_named(rg))
+    pairs: list[pl.DataFrame] = []
+    named = pl.from_arrow(pa.concat_tables(convs)).unique().rename({"gen_ai_conversation_id": "s"}) if convs else None
+    if how == "conversation":  # a session's traces, each with its first: by the conversation column too
+        found = [x for x in links if x.height] + ([named] if named is not None else [])
+        links = [_firsts(pl.concat(found))] if found else []
+    elif deltas and named is not None:  # every trace of a conversation some call sent a delta in, with its first
+        pairs.append(_firsts(named.filter(pl.col("s").is_in(list(deltas)))))
+    pairs += [x for x in links if x.height]
+    if continuing:
+        pairs.append(_continued(fs, pending))
+    del convs, pending, links
+    if not pairs:
+        return Groups()
+    edges = pl.concat(pairs).filter(pl.col("trace_id") != pl.col("other")).unique()
+    return Groups(components(edges.iter_rows()))
+
+
+@dataclass
+class _RowGroup:
+    """A row group's trace ids and attribute keys (and what else was asked for), with
+    what reading more of it needs."""
+
+    src: object
+    g: int
+    pf: pq.ParquetFile
+    leaves: list[str]
+    keep: pa.Array | None  # the rows of the traces `src.only` keeps (None: all)
+    t: pa.Table
+    lists: pa.ListArray  # the keys, a list per span
+    keys: pa.Array  # the keys flat
+
+
+def _row_groups(fs, sources: list, links: bool = False) -> Iterator[_RowGroup]:
+    """Each row group of `sources` (the traces `only` keeps, the row groups `groups`
+    names): its trace ids, attribute keys and conversation column, and its links'
+    trace ids when asked for; one that cannot be read is left out."""
     for src in sources:
         try:
             with fs.open(src.path, "rb") as fh:
@@ -84,9 +136,9 @@ def together(fs, sources: list, how: str = "trace") -> Groups:
                 leaf = [c for c in leaves if c.startswith("attributes.") and c.endswith(".key")]
                 if not leaf or "trace_id" not in pf.schema_arrow.names:
                     continue
-                has_conv = "gen_ai_conversation_id" in pf.schema_arrow.names
-                link_leaf = [c for c in leaves if c.startswith("links.") and c.endswith("element.trace_id")]
-                extra = (["gen_ai_conversation_id"] if has_conv else []) + (link_leaf if how == "linked" else [])
+                extra = ["gen_ai_conversation_id"] if "gen_ai_conversation_id" in pf.schema_arrow.names else []
+                if links:
+                    extra += [c for c in leaves if c.startswith("links.") and c.endswith("element.trace_id")]
                 only = None if src.only is None else src.only.to_arrow()
                 for g in range(*(src.groups or (0, pf.num_row_groups))):
                     try:
@@ -98,52 +150,61 @@ def together(fs, sources: list, how: str = "trace") -> Groups:
                         t = t.filter(keep)
                     # the keys flat, in Arrow: one pass over the row group's keys, no list per span
                     lists = t.column("attributes").combine_chunks()
-                    keys = pc.list_flatten(lists).field("key")
-                    if pc.any(pc.is_in(keys, value_set=response_keys)).as_py():
-                        continuing = continuing or pc.any(pc.equal(keys, PREVIOUS)).as_py()
-                        pending.append((src, g))
-                    if how == "linked" and link_leaf:
-                        links.append(pl.from_arrow(t.select(["trace_id", "links"])).explode("links").select(
-                            "trace_id", pl.col("links").struct.field("trace_id").alias("other")).drop_nulls())
-                    if how == "conversation" and pc.any(pc.is_in(keys, value_set=session_keys)).as_py():
-                        links.append(_sessions(pf, g, leaves, keep))
-                    if not has_conv:
-                        continue
-                    delta = pc.equal(keys, DELTA)
-                    if pc.any(delta).as_py():
-                        rows = pc.unique(pc.filter(pc.list_parent_indices(lists), delta))
-                        deltas.update(c for c in t.column("gen_ai_conversation_id").take(rows).to_pylist() if c)
-                    conv = t.select(["trace_id", "gen_ai_conversation_id"])
-                    convs.append(conv.filter(pc.is_valid(conv.column("gen_ai_conversation_id"))))
+                    yield _RowGroup(src, g, pf, leaves, keep, t, lists, pc.list_flatten(lists).field("key"))
         except (pa.ArrowException, OSError):
             continue
-    pairs: list[pl.DataFrame] = []
-    named = pl.from_arrow(pa.concat_tables(convs)).unique().rename({"gen_ai_conversation_id": "s"}) if convs else None
-    if how == "conversation":  # a session's traces, each with its first: by the conversation column too
-        sessions = pl.concat([x for x in links if x.height] + ([named] if named is not None else []))
-        links = [sessions.select("trace_id", pl.col("trace_id").min().over("s").alias("other"))] if sessions.height else []
-    elif deltas and named is not None:  # every trace of a conversation some call sent a delta in, with its first
-        c = named.filter(pl.col("s").is_in(list(deltas)))
-        pairs.append(c.select("trace_id", pl.col("trace_id").min().over("s").alias("other")))
-    pairs += [x for x in links if x.height]
-    if continuing:
-        pairs.append(_continued(fs, pending))
-    del convs, pending, links
-    if not pairs:
-        return Groups()
-    edges = pl.concat(pairs).filter(pl.col("trace_id") != pl.col("other")).unique()
+
+
+def _firsts(sessions: pl.DataFrame) -> pl.DataFrame:
+    """(trace_id, other): each trace with the first trace of each conversation (`s`) it names."""
+    return sessions.select("trace_id", pl.col("trace_id").min().over("s").alias("other"))
+
+
+def conversation_groups(sessions: pl.DataFrame) -> Groups:
+    """Trace -> the first trace of the traces it shares a conversation with (`conversations`' rows)."""
+    edges = _firsts(sessions).filter(pl.col("trace_id") != pl.col("other")).unique()
     return Groups(components(edges.iter_rows()))
 
 
-def _sessions(pf: pq.ParquetFile, g: int, leaves: list[str], keep) -> pl.DataFrame:
-    """(trace_id, s) for each session value the spans of row group `g` carry: the keys
+def _named(rg: _RowGroup) -> pa.Table:
+    conv = rg.t.select(["trace_id", "gen_ai_conversation_id"])
+    return conv.filter(pc.is_valid(conv.column("gen_ai_conversation_id")))
+
+
+@dataclass
+class Source:
+    """A span file to read whole (what `together` and `conversations` take of the build's `_Source`)."""
+
+    path: str
+    only: object = None
+    groups: tuple[int, int] | None = None
+
+
+def conversations(fs, sources: list) -> pl.DataFrame:
+    """`trace_id`, `s`: each conversation a trace's spans name (the conversation column,
+    or a session key's value, as `together` reads them): what an incremental build of
+    conversation trajectories grows its traces by."""
+    parts = []
+    for rg in _row_groups(fs, sources):
+        parts.append(_sessions(rg))
+        if "gen_ai_conversation_id" in rg.t.column_names:
+            parts.append(pl.from_arrow(_named(rg)).rename({"gen_ai_conversation_id": "s"}))
+    parts = [p for p in parts if p.height]
+    return pl.concat(parts).unique() if parts else pl.DataFrame(schema={"trace_id": pl.String, "s": pl.String})
+
+
+def _sessions(rg: _RowGroup) -> pl.DataFrame:
+    """(trace_id, s) for each session value the spans of a row group carry: the keys
     and the value leaves `attrs.long_form` reads (not the bytes values), the session
     keys' values taken out in Arrow, then made text as `long_form` makes it."""
+    empty = pl.DataFrame(schema={"trace_id": pl.String, "s": pl.String})
+    if not pc.any(pc.is_in(rg.keys, value_set=pa.array(SESSION_KEYS))).as_py():
+        return empty
     fields = ("string_value", "int_value", "double_value", "bool_value", "json_value")
-    value = [c for c in leaves if c.startswith("attributes.") and c.rsplit(".", 1)[-1] in ("key", *fields)]
-    t = pf.read_row_group(g, columns=["trace_id", *value])
-    if keep is not None:
-        t = t.filter(keep)
+    value = [c for c in rg.leaves if c.startswith("attributes.") and c.rsplit(".", 1)[-1] in ("key", *fields)]
+    t = rg.pf.read_row_group(rg.g, columns=["trace_id", *value])
+    if rg.keep is not None:
+        t = t.filter(rg.keep)
     lists = t.column("attributes").combine_chunks()
     flat = pc.list_flatten(lists)
     hit = pc.is_in(flat.field("key"), value_set=pa.array(SESSION_KEYS))
