@@ -107,6 +107,8 @@ class Traj:
     #: API records it; ("delta", whether an earlier trace of its conversation came first)
     #: with each call sending only its conversation's new messages (`session` names it)
     chained: tuple[str, object] | None = None
+    #: the trajectory whose root span its root links to (AutoGen's trace per message)
+    link: str | None = None
 
     def response(self, i: int) -> str:
         return f"resp-{self.seed}-{i}"
@@ -133,8 +135,10 @@ class Traj:
         """'early': what arrives first (root, calls, reward); 'late:i': late call i."""
         t = Trace(self.seed)
         off = (self.start - T0) / S
+        other = Trace(self.link) if self.link else None
         root = t.span("invoke_agent solver", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"},
-                      start=off, end=off + 30 if self.rooted else None)
+                      start=off, end=off + 30 if self.rooted else None,
+                      links=[(other.trace_id, other.span("root"))] if other else None)
         attrs = {"gen_ai.conversation.id": self.session} if self.session else {}
         for i in range(self.calls):
             t.span("chat m1", {**self._call(i), **attrs}, parent=root,
@@ -167,10 +171,13 @@ class History:
     #: some trajectories continue others' calls (`Traj.chained`), drawn from a numbers
     #: stream of their own: without it a history draws the same numbers as it always did
     chains: bool = False
+    #: some trajectories' roots link to an earlier one's, from a numbers stream of their own
+    links: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.chain_rng = random.Random(f"chains-{self.seed}")
+        self.link_rng = random.Random(f"links-{self.seed}")
         self.clock = MIDNIGHT + self.rng.randrange(0, DAY)
         self.data = self.root / "data"
         self.data.mkdir(parents=True)
@@ -202,6 +209,8 @@ class History:
                      r.random() < 0.85, late)
             if self.chains:
                 self.chain(t)
+            if self.links and self.trajs and self.link_rng.random() < 0.4:
+                t.link = self.link_rng.choice(self.trajs).seed
             self.trajs.append(t)
             self.pending += [(t, i) for i in range(len(late))]
             new.append(t)
@@ -309,15 +318,16 @@ def crash_at(monkeypatch, point: int) -> None:
     return undo
 
 
-def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None, chains: bool = False, **settings) -> None:
+def play(seed: int, root: Path, monkeypatch, rounds: int, upkeep=None, chains: bool = False, links: bool = False,
+         **settings) -> None:
     """A first arrival and build (no state yet: a full one), then `rounds` rounds of one
     to four events and an incremental build (now and then crashing, then run again),
     each compared with a full build. `upkeep(h, before_build)`, when given, acts on
     the lake after each event and before each build (test_retention.py: prunes and
     compactions); without it a history draws the same numbers as it always did.
-    `chains`: some trajectories continue others' calls (`Traj.chained`); `settings`:
-    the build's (both builds')."""
-    h = History(seed, root, chains=chains)
+    `chains`: some trajectories continue others' calls (`Traj.chained`); `links`: some
+    link to others (`Traj.link`); `settings`: the build's (both builds')."""
+    h = History(seed, root, chains=chains, links=links)
     h.arrive()
     for step in range(rounds + 1):
         for _ in range(h.rng.randint(1, 4) if step else 0):
@@ -544,13 +554,13 @@ def test_a_conversation_two_days_later_rebuilds_the_day_it_started_on_not_every_
     assert rows.filter(pl.col("trace_id").is_in([a_.hex for a_ in (a, b)]))["trajectory_id"].n_unique() == 1
 
 
-def test_linked_trajectories_rebuild_in_full(tmp_path):
-    data = tmp_path / "data"
-    write_spans(str(data), [Traj("l1", T0, "task", 1, 1.0, None, True).trace("early")], batch="a")
-    check_equal(data, T0 + DAY, tmp_path, trajectory="linked")
-    write_spans(str(data), [Traj("l2", T0 + 2 * DAY, "task", 1, 1.0, None, True).trace("early")], batch="b")
-    s = check_equal(data, T0 + 3 * DAY, tmp_path, trajectory="linked")
-    assert "trajectory=linked" in s.incremental and "full build" in s.incremental
+@pytest.mark.parametrize("block", range(2))
+def test_incremental_equals_full_for_linked_trajectories(tmp_path, monkeypatch, block):
+    """`trajectory: linked`: traces joined by their roots' links on any dates make one
+    trajectory (AutoGen's trace per message), built incrementally."""
+    for seed in range(FIRST + block, FIRST + HISTORIES // 4, 2):
+        play(seed, tmp_path / f"h{seed}", monkeypatch, rounds=2, links=True, trajectory="linked")
+        shutil.rmtree(tmp_path / f"h{seed}")
 
 
 def test_a_clock_before_the_last_builds_gives_a_full_build(tmp_path):

@@ -51,6 +51,7 @@ class SpanSpec:
     start: float
     end: float | None
     dropped: int = 0
+    links: list = field(default_factory=list)  # (trace id, span id) bytes of the spans it links to
 
 
 @dataclass
@@ -65,9 +66,9 @@ class Trace:
         self.trace_id = hashlib.sha256(("trace" + self.seed).encode()).digest()[:16] if self.seed else os.urandom(16)
 
     def span(self, name: str, attrs: dict | None = None, *, parent: bytes | None = None, start: float = 0.0,
-             end: float | None = 1.0, dropped: int = 0) -> bytes:
+             end: float | None = 1.0, dropped: int = 0, links: list | None = None) -> bytes:
         sid = hashlib.sha256(self.trace_id + str(len(self.spans)).encode()).digest()[:8]
-        self.spans.append(SpanSpec(sid, name, parent, dict(attrs or {}), start, end, dropped))
+        self.spans.append(SpanSpec(sid, name, parent, dict(attrs or {}), start, end, dropped, list(links or [])))
         return sid
 
     @property
@@ -91,6 +92,9 @@ def request(traces: list[Trace], base_ns: int = T0) -> ExportTraceServiceRequest
                 sp.parent_span_id = s.parent
             for k, v in s.attrs.items():
                 sp.attributes.append(KeyValue(key=k, value=any_value(v)))
+            for tid, sid in s.links:
+                link = sp.links.add()
+                link.trace_id, link.span_id = tid, sid
             ss.spans.append(sp)
     return req
 

@@ -160,6 +160,20 @@ def _firsts(sessions: pl.DataFrame) -> pl.DataFrame:
     return sessions.select("trace_id", pl.col("trace_id").min().over("s").alias("other"))
 
 
+def links(fs, sources: list) -> Groups:
+    """Trace -> the first trace of the traces its spans' links join it to (the links'
+    trace-id leaf of every row group): what an incremental build of linked
+    trajectories grows its traces by."""
+    found = [pl.from_arrow(rg.t.select(["trace_id", "links"])).explode("links").select(
+        "trace_id", pl.col("links").struct.field("trace_id").alias("other")).drop_nulls()
+        for rg in _row_groups(fs, sources, links=True) if "links" in rg.t.column_names]
+    found = [x for x in found if x.height]
+    if not found:
+        return Groups()
+    edges = pl.concat(found).filter(pl.col("trace_id") != pl.col("other")).unique()
+    return Groups(components(edges.iter_rows()))
+
+
 def conversation_groups(sessions: pl.DataFrame) -> Groups:
     """Trace -> the first trace of the traces it shares a conversation with (`conversations`' rows)."""
     edges = _firsts(sessions).filter(pl.col("trace_id") != pl.col("other")).unique()

@@ -24,16 +24,16 @@ gone or rewritten, a feedback file naming it is added, rewritten or removed, a
 trajectory of it settles by the build's clock, or its partition changed by hand.
 It reads all the spans of the trajectories it rebuilds, on every date they are on.
 
-With `trajectory: conversation` a trajectory is every trace of a conversation, on
-any dates: the traces touched grow to their conversations' (`_Conversations`: every
-span file's conversation keys, read once, not the spans), and so do the traces of a
-rebuilt date, read whole. Feedback naming a conversation names the traces whose
-spans name it (read the same way), whatever the trajectories.
+With `trajectory: conversation` (`linked`) a trajectory is every trace of a
+conversation (joined by links), on any dates: the traces touched grow to their
+trajectories' (`_Joined`, from every span file's conversation keys or links' trace
+ids, read once, not the spans), and so do the traces of a rebuilt date, read whole.
+Feedback naming a conversation names the traces whose spans name it (read the same
+way), whatever the trajectories.
 
 A full build instead, said in a sentence in the log: no state, one that cannot be
-read or is not what this version writes; other settings; `trajectory: linked`
-(links join traces across any dates, which only reading every span finds); a clock
-before the last build's (a trajectory it built may not have settled yet).
+read or is not what this version writes; other settings; a clock before the last
+build's (a trajectory it built may not have settled yet).
 
 The state is written after every partition is in place: a crash before leaves the
 old one, so the next build redoes this build's dates (idempotent), never skips them.
@@ -240,11 +240,11 @@ def plan(fs, state: dict | None, why_none: str, inputs: Inputs, feedback: pl.Dat
         return Plan(None, why_none)
     if state["settings"] != settings_key(cfg):
         return Plan(None, "settings changed since the last build: a full build")
-    if cfg.trajectory == "linked":
-        return Plan(None, "trajectory=linked joins traces by their spans' links across any dates, which only reading "
-                          "every span finds: a full build")
-    # a conversation's traces, on any dates, from the conversation keys of every span file (not the spans)
-    convs = _Conversations(fs, inputs) if cfg.trajectory == "conversation" else None
+    # a conversation's or linked set's traces, on any dates, from every span file's keys or links (not the spans)
+    every = [chains.Source(p) for p in _flat(inputs.span_paths(inputs.spans))]
+    convs = chains.conversations(fs, every) if cfg.trajectory == "conversation" else None
+    joined = (_Joined(chains.conversation_groups(convs)) if convs is not None else
+              _Joined(chains.links(fs, every)) if cfg.trajectory == "linked" else None)
     if now_ns < state["now"]:
         return Plan(None, f"this build's clock ({now_ns} ns) is before the last build's ({state['now']} ns): a "
                           "trajectory built then may not have settled yet: a full build")
@@ -280,7 +280,8 @@ def plan(fs, state: dict | None, why_none: str, inputs: Inputs, feedback: pl.Dat
         by_conv = named["conversation_id"].drop_nulls().unique()
         fb_traces = named["trace_id"].drop_nulls().unique()
         if by_conv.len():  # the traces whose spans name the conversation (any key: at least the label's)
-            fb_traces = pl.concat([fb_traces, (convs or _Conversations(fs, inputs)).naming(by_conv)]).unique()
+            convs = chains.conversations(fs, every) if convs is None else convs
+            fb_traces = pl.concat([fb_traces, convs.filter(pl.col("s").is_in(by_conv.implode()))["trace_id"]]).unique()
     if fb_new or fb_gone:
         why.append(f"{len(fb_new)} new or rewritten and {len(set(fb_gone) - set(fb_new))} removed feedback file(s)")
 
@@ -297,8 +298,8 @@ def plan(fs, state: dict | None, why_none: str, inputs: Inputs, feedback: pl.Dat
     new_paths = [layout.file(inputs.root, layout.SPANS, d, n) for d, n in sorted(new_spans)]
     new_paths += [layout.file(inputs.root, layout.LOGS, d, n) for d, n in sorted(new_logs)]
     touched = pl.concat([ids.traces_of(new_paths), fb_traces]).unique()
-    if convs is not None:  # a conversation's trajectory changes with any of its traces
-        touched = convs.grow(touched)
+    if joined is not None:  # a conversation's (a linked set's) trajectory changes with any of its traces
+        touched = joined.grow(touched)
     old_files = {d: [layout.file(inputs.root, layout.SPANS, d, n) for n in sorted(files) if (d, n) not in new_spans]
                  for d, files in inputs.spans.items()}
     new_files: dict[str, list[str]] = defaultdict(list)
@@ -319,8 +320,8 @@ def plan(fs, state: dict | None, why_none: str, inputs: Inputs, feedback: pl.Dat
         for t, ds in ids.dates_of(inputs.span_paths(inputs.spans), extra).items():
             where_old.setdefault(t, set()).update(ds)
     on_dates = ids.traces_of(_flat(inputs.span_paths(dates)))
-    if convs is not None:  # a rebuilt date's conversations are read whole: their traces on other dates too
-        on_dates = convs.grow(on_dates)
+    if joined is not None:  # a rebuilt date's conversations are read whole: their traces on other dates too
+        on_dates = joined.grow(on_dates)
         unknown = on_dates.filter(~on_dates.is_in(list(where_old.keys() | where_new.keys())))
         for t, ds in ids.dates_of(inputs.span_paths(inputs.spans), unknown).items():
             where_old.setdefault(t, set()).update(ds)
@@ -338,28 +339,21 @@ def plan(fs, state: dict | None, why_none: str, inputs: Inputs, feedback: pl.Dat
                 {d: pl.Series("trace_id", ts, pl.String) for d, ts in log_only.items()})
 
 
-class _Conversations:
-    """The conversations of every trace in the lake (`chains.conversations`: the
-    conversation column and the session keys' values, not the spans), for an
-    incremental build of conversation trajectories: a trajectory is all the traces of
-    a conversation, on whatever dates they are."""
+class _Joined:
+    """The traces that make one trajectory across any dates (`trajectory: conversation`
+    or `linked`), from `chains`' groups: what the traces an incremental build touches
+    or rebuilds grow to."""
 
-    def __init__(self, fs, inputs: Inputs):
-        self.named = chains.conversations(fs, [chains.Source(p) for p in _flat(inputs.span_paths(inputs.spans))])
-        groups = chains.conversation_groups(self.named)
+    def __init__(self, groups: dict[str, str]):
         firsts = pl.DataFrame({"trace_id": list(groups), "first": list(groups.values())}, schema={
             "trace_id": pl.String, "first": pl.String})
         self.groups = pl.concat([firsts, firsts.select(pl.col("first").alias("trace_id"), "first").unique()])
 
     def grow(self, traces: pl.Series) -> pl.Series:
-        """`traces` and every trace sharing a conversation with one of them."""
+        """`traces` and every trace joined to one of them."""
         firsts = self.groups.filter(pl.col("trace_id").is_in(traces.implode()))["first"]
         mates = self.groups.filter(pl.col("first").is_in(firsts.implode()))["trace_id"]
         return pl.concat([traces.cast(pl.String).rename("trace_id"), mates]).unique()
-
-    def naming(self, conversations: pl.Series) -> pl.Series:
-        """The traces whose spans name one of these conversations."""
-        return self.named.filter(pl.col("s").is_in(conversations.implode()))["trace_id"].unique()
 
 
 def _new(now: dict[str, dict[str, str]], before: dict[str, dict[str, str]]) -> set[tuple[str, str]]:
