@@ -17,6 +17,13 @@ the row groups that hold a continued or continuing call, and only when the windo
 has a continuing call at all. The buckets then use the first trace (by id) of each
 group in place of each of its traces, so a group lands in one bucket whole.
 
+The same pass keeps together what makes one trajectory across traces: with
+`trajectory: conversation` the traces naming a conversation (the conversation
+column, or a session key's value), with `linked` the traces their spans' links join
+(the links' trace-id leaf). `conversations` and `links` read the same columns of
+every span file for an incremental build, which grows the traces it touches to
+their trajectories' (`incremental._Joined`).
+
 Which history is put back stays the rebuild's decision (`calls.rebuild_*`): only
 from a call whose trajectory started the same day, the unit an incremental build
 redoes, so that it and a full build always agree.

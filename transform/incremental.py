@@ -240,14 +240,14 @@ def plan(fs, state: dict | None, why_none: str, inputs: Inputs, feedback: pl.Dat
         return Plan(None, why_none)
     if state["settings"] != settings_key(cfg):
         return Plan(None, "settings changed since the last build: a full build")
+    if now_ns < state["now"]:
+        return Plan(None, f"this build's clock ({now_ns} ns) is before the last build's ({state['now']} ns): a "
+                          "trajectory built then may not have settled yet: a full build")
     # a conversation's or linked set's traces, on any dates, from every span file's keys or links (not the spans)
     every = [chains.Source(p) for p in _flat(inputs.span_paths(inputs.spans))]
     convs = chains.conversations(fs, every) if cfg.trajectory == "conversation" else None
     joined = (_Joined(chains.conversation_groups(convs)) if convs is not None else
               _Joined(chains.links(fs, every)) if cfg.trajectory == "linked" else None)
-    if now_ns < state["now"]:
-        return Plan(None, f"this build's clock ({now_ns} ns) is before the last build's ({state['now']} ns): a "
-                          "trajectory built then may not have settled yet: a full build")
     why: list[str] = []
     dates: set[str] = set()
 
