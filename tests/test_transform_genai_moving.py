@@ -264,7 +264,7 @@ def test_a_call_continuing_a_response_the_lake_lacks_is_flagged_and_not_trained_
     s = build(TransformConfig(data=str(tmp_path), settle=0))
     said = next(line for line in s.lines() if "history_incomplete" in line)
     assert said.startswith("rows flagged history_incomplete: 2; each continued a stored response") and \
-        "transform.trajectory: conversation" in said
+        "made outside the lake, or before midnight UTC" in said  # what the user can tell from it
     rows = _rows(tmp_path)
     flags = rows["flags"].to_list()
     assert ["history_incomplete" in f for f in flags] == [False, True, True]  # the third continues the second
